@@ -1,0 +1,37 @@
+#include "core/exec_context.h"
+
+#include <cstring>
+
+namespace flowkv {
+
+void trace_parts(const ExecContext& ctx, std::string_view name, int64_t batch,
+                 std::initializer_list<TracePart> parts, int64_t heads) {
+  if (!ctx.tracer || !ctx.tracer->wants(name)) return;
+  int64_t seq = 0, cols = -1;
+  for (const TracePart& p : parts) {
+    seq += p.seq;
+    if (p.seq > 0) cols = p.m.cols;
+  }
+  if (cols < 0) return;
+  Shape shape = heads > 0 ? Shape{batch, seq, heads, cols / heads} : Shape{batch, seq, cols};
+  Tensor t = Tensor::empty(shape);
+  float* out = t.f32();
+  for (int64_t b = 0; b < batch; ++b) {
+    for (const TracePart& p : parts) {
+      for (int64_t s = 0; s < p.seq; ++s) {
+        std::memcpy(out, p.m.row(b * p.seq + s), static_cast<size_t>(cols) * 4);
+        out += cols;
+      }
+    }
+  }
+  ctx.tracer->record(name, t);
+}
+
+void trace_tensor(const ExecContext& ctx, std::string_view name, const float* data, Shape shape) {
+  if (!ctx.tracer || !ctx.tracer->wants(name)) return;
+  Tensor t = Tensor::empty(std::move(shape));
+  std::memcpy(t.f32(), data, static_cast<size_t>(t.nbytes()));
+  ctx.tracer->record(name, t);
+}
+
+}  // namespace flowkv

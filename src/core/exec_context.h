@@ -1,0 +1,42 @@
+// ExecContext: what one forward runs with. Passed explicitly; nothing of it is global.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/arena.h"
+#include "core/mat.h"
+#include "flowkv/tensor.h"
+
+namespace flowkv {
+
+// Which implementation of each op to run: the fast kernels, or the plain scalar references
+// the fast ones are tested against.
+enum class KernelPath { kFast, kReference };
+
+// Receives named intermediates (names as in tests/golden, e.g. "transformer_blocks.0.attn.k").
+class Tracer {
+ public:
+  virtual ~Tracer() = default;
+  virtual bool wants(std::string_view name) const { return true; }
+  virtual void record(std::string_view name, const Tensor& value) = 0;
+};
+
+struct ExecContext {
+  Arena* arena = nullptr;
+  KernelPath kernels = KernelPath::kFast;
+  Tracer* tracer = nullptr;
+};
+
+// Records the row-wise concatenation of `parts` (each [B*S_i, C]) as one [B, sum S_i, C]
+// (or, with `heads`, [B, sum S_i, heads, C/heads]) tensor. Costs nothing without a tracer.
+struct TracePart {
+  Mat m;
+  int64_t seq;  // rows per batch element
+};
+void trace_parts(const ExecContext& ctx, std::string_view name, int64_t batch,
+                 std::initializer_list<TracePart> parts, int64_t heads = 0);
+void trace_tensor(const ExecContext& ctx, std::string_view name, const float* data, Shape shape);
+
+}  // namespace flowkv

@@ -1,0 +1,140 @@
+#include "flowkv/tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+#include "flowkv/error.h"
+
+namespace flowkv {
+
+std::string shape_str(const Shape& s) {
+  std::ostringstream out;
+  out << '[';
+  for (size_t i = 0; i < s.size(); ++i) out << (i ? ", " : "") << s[i];
+  out << ']';
+  return out.str();
+}
+
+int64_t shape_numel(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+uint16_t f32_to_f16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const uint32_t abs = x & 0x7fffffffu;
+  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);
+  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow -> inf
+  if (abs < 0x38800000u) {  // subnormal or zero in half
+    if (abs < 0x33000000u) return static_cast<uint16_t>(sign);
+    const uint32_t e = abs >> 23;
+    const uint32_t m = (abs & 0x7fffffu) | 0x800000u;
+    const uint32_t shift = 126 - e;  // 113 + 13 .. ; bring to half subnormal position
+    uint32_t half = m >> (shift);
+    const uint32_t rem = m & ((1u << shift) - 1);
+    const uint32_t halfway = 1u << (shift - 1);
+    if (rem > halfway || (rem == halfway && (half & 1u))) ++half;
+    return static_cast<uint16_t>(sign | half);
+  }
+  uint32_t half = ((abs - 0x38000000u) >> 13);
+  const uint32_t rem = abs & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (half & 1u))) ++half;
+  return static_cast<uint16_t>(sign | half);
+}
+
+namespace {
+std::shared_ptr<void> aligned_block(int64_t bytes) {
+  const size_t n = static_cast<size_t>((bytes + 63) / 64 * 64);
+  void* p = std::aligned_alloc(64, n == 0 ? 64 : n);
+  if (!p) fail("out of memory allocating ", bytes, " bytes");
+  return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+}
+}  // namespace
+
+Tensor Tensor::empty(Shape shape, DType dtype) {
+  for (int64_t d : shape) FLOWKV_CHECK(d >= 0, "negative dimension in shape ", shape_str(shape));
+  Tensor t;
+  t.dtype_ = dtype;
+  t.shape_ = std::move(shape);
+  t.holder_ = aligned_block(t.nbytes());
+  t.data_ = t.holder_.get();
+  return t;
+}
+
+Tensor Tensor::zeros(Shape shape, DType dtype) {
+  Tensor t = empty(std::move(shape), dtype);
+  std::memset(t.data_, 0, static_cast<size_t>(t.nbytes()));
+  return t;
+}
+
+Tensor Tensor::wrap(void* data, Shape shape, DType dtype, std::shared_ptr<void> holder) {
+  Tensor t;
+  t.dtype_ = dtype;
+  t.shape_ = std::move(shape);
+  t.data_ = data;
+  t.holder_ = std::move(holder);
+  return t;
+}
+
+Tensor Tensor::from_vector(const std::vector<float>& v, Shape shape) {
+  FLOWKV_CHECK(shape_numel(shape) == static_cast<int64_t>(v.size()), "from_vector: ", v.size(),
+               " values do not fill shape ", shape_str(shape));
+  Tensor t = empty(std::move(shape));
+  std::memcpy(t.data_, v.data(), v.size() * 4);
+  return t;
+}
+
+float* Tensor::f32() {
+  FLOWKV_CHECK(dtype_ == DType::kF32, "tensor is ", dtype_name(dtype_), ", expected F32");
+  return static_cast<float*>(data_);
+}
+const float* Tensor::f32() const {
+  FLOWKV_CHECK(dtype_ == DType::kF32, "tensor is ", dtype_name(dtype_), ", expected F32");
+  return static_cast<const float*>(data_);
+}
+uint16_t* Tensor::u16() {
+  FLOWKV_CHECK(dtype_size(dtype_) == 2, "tensor is ", dtype_name(dtype_), ", expected 16-bit");
+  return static_cast<uint16_t*>(data_);
+}
+const uint16_t* Tensor::u16() const {
+  FLOWKV_CHECK(dtype_size(dtype_) == 2, "tensor is ", dtype_name(dtype_), ", expected 16-bit");
+  return static_cast<const uint16_t*>(data_);
+}
+
+Tensor Tensor::reshape(Shape shape) const {
+  FLOWKV_CHECK(shape_numel(shape) == numel(), "cannot reshape ", shape_str(shape_), " to ",
+               shape_str(shape));
+  Tensor t = *this;
+  t.shape_ = std::move(shape);
+  return t;
+}
+
+Tensor Tensor::to_f32() const {
+  Tensor out = empty(shape_, DType::kF32);
+  float* o = out.f32();
+  const int64_t n = numel();
+  switch (dtype_) {
+    case DType::kF32:
+      std::memcpy(o, data_, static_cast<size_t>(n) * 4);
+      break;
+    case DType::kBF16:
+      for (int64_t i = 0; i < n; ++i) o[i] = bf16_to_f32(u16()[i]);
+      break;
+    case DType::kF16:
+      for (int64_t i = 0; i < n; ++i) o[i] = f16_to_f32(u16()[i]);
+      break;
+  }
+  return out;
+}
+
+Tensor Tensor::clone() const {
+  Tensor out = empty(shape_, dtype_);
+  std::memcpy(out.data_, data_, static_cast<size_t>(nbytes()));
+  return out;
+}
+
+}  // namespace flowkv

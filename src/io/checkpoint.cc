@@ -1,0 +1,164 @@
+#include "io/checkpoint.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <set>
+
+#include "flowkv/error.h"
+
+namespace flowkv {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kSingle = "diffusion_pytorch_model.safetensors";
+constexpr const char* kIndex = "diffusion_pytorch_model.safetensors.index.json";
+
+void add_file(CheckpointScan& scan, const std::string& file) {
+  const SafetensorsHeader h = read_safetensors_header(file);
+  for (const TensorInfo& t : h.tensors) {
+    auto [it, inserted] = scan.tensors.emplace(t.name, t);
+    FLOWKV_CHECK(inserted, "tensor '", t.name, "' appears in both ", it->second.file, " and ",
+                 file);
+  }
+  scan.files.push_back(file);
+}
+
+void scan_sharded(CheckpointScan& scan, const fs::path& dir) {
+  const std::string index_path = (dir / kIndex).string();
+  const Json index = read_json_file(index_path);
+  FLOWKV_CHECK(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(),
+               index_path, ": no \"weight_map\" object");
+  std::map<std::string, std::string> weight_map;  // tensor -> shard file name
+  std::vector<std::string> shard_order;
+  for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it) {
+    FLOWKV_CHECK(it.value().is_string(), index_path, ": weight_map entry for '", it.key(),
+                 "' is not a file name");
+    const std::string file = it.value().get<std::string>();
+    FLOWKV_CHECK(file.find('/') == std::string::npos && file != ".." && !file.empty(), index_path,
+                 ": weight_map names '", file, "', which is not a file in this folder");
+    weight_map[it.key()] = file;
+    if (std::find(shard_order.begin(), shard_order.end(), file) == shard_order.end()) {
+      shard_order.push_back(file);
+    }
+  }
+  std::sort(shard_order.begin(), shard_order.end());
+  std::vector<std::string> missing_files;
+  for (const std::string& f : shard_order) {
+    if (!fs::exists(dir / f)) missing_files.push_back(f);
+  }
+  if (!missing_files.empty()) {
+    std::vector<std::string> lines;
+    for (const auto& f : missing_files) lines.push_back("missing shard file: " + f);
+    fail(format_problems(index_path + " names shard files that do not exist", lines));
+  }
+  for (const std::string& f : shard_order) add_file(scan, (dir / f).string());
+  std::vector<std::string> lines;
+  for (const auto& [name, file] : weight_map) {
+    auto it = scan.tensors.find(name);
+    if (it == scan.tensors.end()) {
+      lines.push_back("'" + name + "' is listed in the index (in " + file +
+                      ") but no shard holds it");
+    } else if (fs::path(it->second.file).filename() != file) {
+      lines.push_back("'" + name + "' is listed in " + file + " but found in " +
+                      fs::path(it->second.file).filename().string());
+    }
+  }
+  for (const auto& [name, info] : scan.tensors) {
+    if (!weight_map.count(name)) {
+      scan.problems.push_back("'" + name + "' is in " + fs::path(info.file).filename().string() +
+                              " but not in the index");
+    }
+  }
+  if (!lines.empty()) fail(format_problems(index_path + " disagrees with its shards", lines));
+}
+
+}  // namespace
+
+CheckpointScan scan_checkpoint(const std::string& path_in) {
+  fs::path path(path_in);
+  FLOWKV_CHECK(fs::exists(path), path_in, ": no such file or folder");
+  CheckpointScan scan;
+  if (fs::is_regular_file(path)) {
+    scan.path = path.string();
+    scan.single_file = true;
+    add_file(scan, path.string());
+    return scan;
+  }
+  FLOWKV_CHECK(fs::is_directory(path), path_in, ": not a file or folder");
+  // A pipeline folder: its transformer lives in transformer/.
+  if (!fs::exists(path / "config.json") && fs::exists(path / "transformer" / "config.json")) {
+    path /= "transformer";
+  }
+  scan.path = path.string();
+  const fs::path config = path / "config.json";
+  FLOWKV_CHECK(fs::exists(config), path.string(),
+               ": no config.json (expected a diffusers transformer folder, a pipeline folder "
+               "with transformer/, or a single .safetensors file)");
+  scan.config = read_json_file(config.string());
+  FLOWKV_CHECK(scan.config->is_object(), config.string(), ": not a JSON object");
+  if (fs::exists(path / kIndex)) {
+    scan_sharded(scan, path);
+  } else if (fs::exists(path / kSingle)) {
+    add_file(scan, (path / kSingle).string());
+  } else {
+    fail(path.string(), ": no ", kSingle, " and no ", kIndex);
+  }
+  return scan;
+}
+
+std::vector<std::string> check_against_table(const std::map<std::string, TensorInfo>& tensors,
+                                             const std::vector<ExpectedTensor>& expected) {
+  std::vector<std::string> missing, wrong, unexpected;
+  std::set<std::string> known;
+  for (const ExpectedTensor& e : expected) {
+    known.insert(e.name);
+    auto it = tensors.find(e.name);
+    if (it == tensors.end()) {
+      missing.push_back("missing: " + e.name + " " + shape_str(e.shape));
+      continue;
+    }
+    const TensorInfo& t = it->second;
+    if (t.shape != e.shape) {
+      wrong.push_back("wrong shape: " + e.name + " is " + shape_str(t.shape) + ", expected " +
+                      shape_str(e.shape));
+    }
+    if (!t.dtype_known) {
+      wrong.push_back("wrong dtype: " + e.name + " is " + t.dtype_name +
+                      ", expected F32, BF16 or F16");
+    }
+  }
+  for (const auto& [name, t] : tensors) {
+    if (!known.count(name)) unexpected.push_back("unexpected: " + name + " " + shape_str(t.shape));
+  }
+  std::vector<std::string> all;
+  for (auto* v : {&missing, &wrong, &unexpected}) all.insert(all.end(), v->begin(), v->end());
+  return all;
+}
+
+std::string format_problems(const std::string& headline, const std::vector<std::string>& lines,
+                            size_t max_lines) {
+  std::string out = headline + " (" + std::to_string(lines.size()) + " problem" +
+                    (lines.size() == 1 ? "" : "s") + "):";
+  for (size_t i = 0; i < lines.size() && i < max_lines; ++i) out += "\n  " + lines[i];
+  if (lines.size() > max_lines) {
+    out += "\n  ... and " + std::to_string(lines.size() - max_lines) + " more";
+  }
+  return out;
+}
+
+CheckpointReader::CheckpointReader(const CheckpointScan& scan) {
+  for (const std::string& f : scan.files) files_.push_back(SafetensorsFile::open(f));
+  for (size_t i = 0; i < files_.size(); ++i) {
+    for (const TensorInfo& t : files_[i].header().tensors) index_[t.name] = {i, t};
+  }
+}
+
+Tensor CheckpointReader::get(const std::string& name) const {
+  auto it = index_.find(name);
+  FLOWKV_CHECK(it != index_.end(), "checkpoint has no tensor '", name, "'");
+  return files_[it->second.first].view(it->second.second);
+}
+
+}  // namespace flowkv

@@ -1,0 +1,56 @@
+// Checkpoint discovery: a diffusers-format transformer folder (config.json plus one
+// safetensors file or a sharded set with its index), a pipeline folder holding one
+// (`transformer/`), or a single .safetensors file (the original BFL layout, no config).
+// `scan_checkpoint` reads headers only; `CheckpointReader` maps the data.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "flowkv/tensor.h"
+#include "io/json.h"
+#include "io/safetensors.h"
+
+namespace flowkv {
+
+struct CheckpointScan {
+  std::string path;                           // the transformer folder, or the single file
+  bool single_file = false;                   // a lone .safetensors (no config.json)
+  std::optional<Json> config;                 // config.json, when the folder has one
+  std::vector<std::string> files;             // safetensors files, in shard order
+  std::map<std::string, TensorInfo> tensors;  // every tensor of every file, by name
+  std::vector<std::string> problems;          // non-fatal findings (reported by inspect)
+};
+
+CheckpointScan scan_checkpoint(const std::string& path);
+
+// What a model expects to find: its one name table.
+struct ExpectedTensor {
+  std::string name;
+  Shape shape;
+};
+
+// Compares the files with the table. Returns one line per problem (missing, unexpected,
+// wrong shape, non-float dtype); empty when everything matches.
+std::vector<std::string> check_against_table(const std::map<std::string, TensorInfo>& tensors,
+                                             const std::vector<ExpectedTensor>& expected);
+
+// Joins problem lines into one error message, listing at most `max_lines` of them.
+std::string format_problems(const std::string& headline, const std::vector<std::string>& lines,
+                            size_t max_lines = 40);
+
+// Maps the files of a scan and hands out tensor views.
+class CheckpointReader {
+ public:
+  explicit CheckpointReader(const CheckpointScan& scan);
+  Tensor get(const std::string& name) const;
+  bool has(const std::string& name) const { return index_.count(name) > 0; }
+
+ private:
+  std::vector<SafetensorsFile> files_;
+  std::map<std::string, std::pair<size_t, TensorInfo>> index_;
+};
+
+}  // namespace flowkv

@@ -1,0 +1,35 @@
+// Read-only memory map of a whole file. Shared ownership: tensors that point into the map hold
+// a reference, so the map lives as long as any of them.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace flowkv {
+
+class MappedFile {
+ public:
+  static std::shared_ptr<MappedFile> open(const std::string& path);
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  const std::byte* data() const { return data_; }
+  int64_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  MappedFile() = default;
+  std::string path_;
+  const std::byte* data_ = nullptr;
+  int64_t size_ = 0;
+};
+
+// Reads at most `n` bytes from the start of a file without mapping it.
+std::string read_file_prefix(const std::string& path, int64_t n);
+std::string read_text_file(const std::string& path);
+int64_t file_size(const std::string& path);
+
+}  // namespace flowkv

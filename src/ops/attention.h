@@ -1,0 +1,55 @@
+// Scaled dot-product attention with keys and values gathered from several sources.
+//
+// Queries are one [B*Sq, H*hd] matrix (row b*Sq + i is query i of batch element b). Keys and
+// values come as an ordered list of sources, each [B*len, H*hd] in f32 or bf16 (a live segment
+// of this forward, or a cached memory). Query i attends to every key of every source, except
+// where the source is causal (key j only if j <= i + causal_offset) or marks the key invalid.
+// Softmax over all allowed keys, in f32; a query with no allowed key gets a zero output.
+//
+// The fast kernel walks the sources in order, in key blocks that start at each source's first
+// key: a query row's reduction depends only on the source list, never on how the rows are
+// batched or how many threads run, so a source spliced from a cache gives exactly the result of
+// the same keys computed live.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "core/exec_context.h"
+#include "core/mat.h"
+#include "flowkv/dtype.h"
+
+namespace flowkv::ops {
+
+struct KVSource {
+  const void* k = nullptr;
+  const void* v = nullptr;
+  DType dtype = DType::kF32;  // F32 or BF16
+  int64_t len = 0;            // keys per batch element
+  int64_t k_stride = 0;       // elements between consecutive key rows
+  int64_t v_stride = 0;
+  bool causal = false;
+  int64_t causal_offset = 0;
+  const uint8_t* valid = nullptr;  // [B, len]: 0 = masked key; nullptr = all valid
+
+  static KVSource f32(Mat k, Mat v, int64_t len) {
+    return {k.data, v.data, DType::kF32, len, k.stride, v.stride};
+  }
+};
+
+struct AttnShape {
+  int64_t batch = 1;
+  int64_t heads = 1;
+  int64_t head_dim = 1;
+  int64_t seq_q = 0;  // queries per batch element
+  float scale = 0;    // 0: 1/sqrt(head_dim)
+};
+
+void attention(const ExecContext& ctx, const AttnShape& shape, Mat q,
+               std::span<const KVSource> sources, Mat out);
+
+namespace ref {
+void attention(const AttnShape& shape, Mat q, std::span<const KVSource> sources, Mat out);
+}
+
+}  // namespace flowkv::ops

@@ -1,0 +1,257 @@
+// Level 1 and 2 of the test ladder: every op's fast kernel against its scalar reference at odd
+// sizes and remainders, and thread-count independence.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "core/parallel.h"
+#include "ops/attention.h"
+#include "ops/linear.h"
+#include "ops/ops.h"
+#include "test_util.h"
+
+namespace flowkv {
+namespace {
+
+using test::compare;
+using test::randn;
+
+struct Ctx {
+  Arena arena;
+  ExecContext fast{&arena, KernelPath::kFast, nullptr};
+  ExecContext ref{&arena, KernelPath::kReference, nullptr};
+};
+
+TEST(Ops, LayerNormModulateMatchesReference) {
+  Ctx c;
+  for (int64_t cols : {1, 7, 16, 33, 96, 517}) {
+    const int64_t rows = 13, groups = 2;
+    auto x = randn(rows * cols, 1, 3.0f);
+    auto sc = randn(groups * cols, 2, 0.5f), sh = randn(groups * cols, 3);
+    std::vector<float> a(x.size()), b(x.size());
+    // rows_per_group 7: the two groups split rows 0-6 and 7-12.
+    ops::ModRows scale{sc.data(), cols, 7}, shift{sh.data(), cols, 7};
+    ops::layer_norm_modulate(c.fast, make_mat(x.data(), rows, cols), make_mat(a.data(), rows, cols),
+                             scale, shift, 1e-6f);
+    ops::layer_norm_modulate(c.ref, make_mat(x.data(), rows, cols), make_mat(b.data(), rows, cols),
+                             scale, shift, 1e-6f);
+    EXPECT_LE(compare(a.data(), b.data(), rows * cols).rel(), 2e-6) << "cols " << cols;
+    // Without scale and shift: a plain LayerNorm.
+    ops::layer_norm_modulate(c.fast, make_mat(x.data(), rows, cols), make_mat(a.data(), rows, cols),
+                             {}, {}, 1e-6f);
+    ops::layer_norm_modulate(c.ref, make_mat(x.data(), rows, cols), make_mat(b.data(), rows, cols),
+                             {}, {}, 1e-6f);
+    EXPECT_LE(compare(a.data(), b.data(), rows * cols).rel(), 2e-6) << "cols " << cols;
+  }
+}
+
+TEST(Ops, GatedAddMatchesReference) {
+  Ctx c;
+  for (int64_t cols : {1, 15, 64, 131}) {
+    const int64_t rows = 9;
+    auto x = randn(rows * cols, 4), y = randn(rows * cols, 5), g = randn(3 * cols, 6);
+    auto x2 = x;
+    ops::ModRows gate{g.data(), cols, 3};
+    ops::gated_add(c.fast, make_mat(x.data(), rows, cols), make_mat(y.data(), rows, cols), gate);
+    ops::gated_add(c.ref, make_mat(x2.data(), rows, cols), make_mat(y.data(), rows, cols), gate);
+    EXPECT_LE(compare(x.data(), x2.data(), rows * cols).rel(), 1e-6);
+  }
+}
+
+TEST(Ops, RmsNormRopeMatchesReference) {
+  Ctx c;
+  for (int64_t hd : {2, 6, 16, 18, 32, 128}) {
+    const int64_t heads = 3, rows = 11, seq = 5;
+    auto x = randn(rows * heads * hd, 7, 2.0f);
+    auto w = randn(hd, 8, 0.3f);
+    for (float& v : w) v += 1.0f;
+    auto cs = randn(seq * hd, 9), sn = randn(seq * hd, 10);
+    auto a = x, b = x;
+    ops::RopeRows rope{cs.data(), sn.data(), seq};
+    ops::rms_norm_rope(c.fast, make_mat(a.data(), rows, heads * hd), hd, w.data(), 1e-6f, rope);
+    ops::rms_norm_rope(c.ref, make_mat(b.data(), rows, heads * hd), hd, w.data(), 1e-6f, rope);
+    EXPECT_LE(compare(a.data(), b.data(), rows * heads * hd).rel(), 2e-6) << "hd " << hd;
+  }
+}
+
+TEST(Ops, SwigluAndSiluMatchReference) {
+  Ctx c;
+  for (int64_t f : {1, 17, 48, 100}) {
+    const int64_t rows = 5;
+    auto in = randn(rows * 2 * f, 11, 4.0f);
+    std::vector<float> a(rows * f), b(rows * f);
+    ops::swiglu(c.fast, make_mat(in.data(), rows, 2 * f), make_mat(a.data(), rows, f));
+    ops::swiglu(c.ref, make_mat(in.data(), rows, 2 * f), make_mat(b.data(), rows, f));
+    EXPECT_LE(compare(a.data(), b.data(), rows * f).rel(), 2e-6);
+    ops::silu(c.fast, in.data(), a.data(), rows * f);
+    ops::silu(c.ref, in.data(), b.data(), rows * f);
+    EXPECT_LE(compare(a.data(), b.data(), rows * f).rel(), 2e-6);
+  }
+}
+
+TEST(Ops, Bf16RoundingIsExactlyRoundToNearestEven) {
+  Ctx c;
+  auto x = randn(1000, 12, 100.0f);
+  x.push_back(1.00390625f);  // exactly halfway between two bf16 values: rounds to even
+  x.push_back(-0.0f);
+  const int64_t n = static_cast<int64_t>(x.size());
+  std::vector<uint16_t> a(n), b(n);
+  ops::to_bf16(c.fast, make_mat(x.data(), 1, n), a.data());
+  ops::to_bf16(c.ref, make_mat(x.data(), 1, n), b.data());
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(a[1000], 0x3f80);
+  auto r = x;
+  ops::round_bf16(c.fast, make_mat(r.data(), 1, n));
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(r[i], bf16_to_f32(b[i]));
+}
+
+TEST(Ops, F16ConversionRoundTrips) {
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    const float f = f16_to_f32(static_cast<uint16_t>(h));
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(f32_to_f16(f), h) << std::hex << h;
+  }
+}
+
+// Linear: oneDNN tiles against the double-accumulating reference, f32 and bf16.
+TEST(Ops, LinearMatchesReference) {
+  Ctx c;
+  struct Case {
+    int64_t m, n, k;
+  };
+  for (Case s : {Case{1, 1, 1}, Case{3, 5, 7}, Case{130, 300, 33}, Case{257, 513, 96},
+                 Case{64, 1024, 512}}) {
+    for (DType dt : {DType::kF32, DType::kBF16}) {
+      auto w = randn(s.n * s.k, 13, 0.1f), x = randn(s.m * s.k, 14);
+      ops::Linear lin(Tensor::from_vector(w, {s.n, s.k}), dt, /*keep_plain=*/true);
+      std::vector<float> a(s.m * s.n), b(s.m * s.n);
+      lin.forward(c.fast, make_mat(x.data(), s.m, s.k), make_mat(a.data(), s.m, s.n));
+      lin.forward(c.ref, make_mat(x.data(), s.m, s.k), make_mat(b.data(), s.m, s.n));
+      EXPECT_LE(compare(a.data(), b.data(), s.m * s.n).rel(), 1e-5)
+          << s.m << "x" << s.n << "x" << s.k << " " << dtype_name(dt);
+    }
+  }
+}
+
+TEST(Ops, LinearStridedViewsAndRowIndependence) {
+  Ctx c;
+  const int64_t m = 300, n = 260, k = 70;
+  auto w = randn(n * k, 15, 0.1f), x = randn(m * (k + 5), 16);
+  ops::Linear lin(Tensor::from_vector(w, {n, k}), DType::kF32);
+  // Strided input (5 spare columns) and output written into a wider buffer.
+  std::vector<float> y(m * (n + 3), -1.0f);
+  Mat xv{x.data(), m, k, k + 5}, yv{y.data(), m, n, n + 3};
+  lin.forward(c.fast, xv, yv);
+  // Rows 131..170 computed alone give bit-identical rows: a row's result does not depend on
+  // which other rows share the call.
+  std::vector<float> part(40 * n);
+  lin.forward(c.fast, xv.rows_slice(131, 40), make_mat(part.data(), 40, n));
+  for (int64_t r = 0; r < 40; ++r) {
+    ASSERT_TRUE(test::bit_equal(part.data() + r * n, yv.row(131 + r), n)) << "row " << r;
+  }
+  EXPECT_EQ(y[n], -1.0f);  // the spare columns are untouched
+}
+
+TEST(Ops, LinearIsBitIdenticalForOneAndTwoThreads) {
+  Ctx c;
+  const int64_t m = 517, n = 700, k = 300;
+  auto w = randn(n * k, 17, 0.1f), x = randn(m * k, 18);
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    ops::Linear lin(Tensor::from_vector(w, {n, k}), dt);
+    std::vector<float> a(m * n), b(m * n);
+    set_num_threads(1);
+    lin.forward(c.fast, make_mat(x.data(), m, k), make_mat(a.data(), m, n));
+    set_num_threads(2);
+    lin.forward(c.fast, make_mat(x.data(), m, k), make_mat(b.data(), m, n));
+    set_num_threads(0);
+    EXPECT_TRUE(test::bit_equal(a.data(), b.data(), m * n)) << dtype_name(dt);
+  }
+}
+
+// Attention with several sources, causal runs and key masks.
+void run_attention_case(int64_t batch, int64_t heads, int64_t hd, int64_t sq,
+                        std::vector<int64_t> lens, bool causal_last, bool masked, DType kv_type) {
+  Ctx c;
+  const int64_t width = heads * hd;
+  auto q = randn(batch * sq * width, 20, 1.5f);
+  std::vector<std::vector<float>> kf, vf;
+  std::vector<std::vector<uint16_t>> kb, vb;
+  std::vector<std::vector<uint8_t>> valid;
+  std::vector<ops::KVSource> srcs;
+  for (size_t i = 0; i < lens.size(); ++i) {
+    kf.push_back(randn(batch * lens[i] * width, 30 + i, 1.5f));
+    vf.push_back(randn(batch * lens[i] * width, 40 + i));
+    valid.emplace_back(batch * lens[i], 1);
+    for (size_t j = 0; j < valid.back().size(); j += 3) valid.back()[j] = masked ? 0 : 1;
+  }
+  for (size_t i = 0; i < lens.size(); ++i) {
+    ops::KVSource s;
+    s.len = lens[i];
+    s.k_stride = s.v_stride = width;
+    if (kv_type == DType::kBF16) {
+      kb.emplace_back(kf[i].size());
+      vb.emplace_back(vf[i].size());
+      for (size_t j = 0; j < kf[i].size(); ++j) {
+        kb.back()[j] = f32_to_bf16(kf[i][j]);
+        vb.back()[j] = f32_to_bf16(vf[i][j]);
+      }
+      s.k = kb.back().data();
+      s.v = vb.back().data();
+      s.dtype = DType::kBF16;
+    } else {
+      s.k = kf[i].data();
+      s.v = vf[i].data();
+    }
+    if (causal_last && i + 1 == lens.size()) s.causal = true;
+    if (masked && i == 0) s.valid = valid[i].data();
+    srcs.push_back(s);
+  }
+  std::vector<float> a(batch * sq * width), b(batch * sq * width);
+  ops::AttnShape shape{batch, heads, hd, sq};
+  ops::attention(c.fast, shape, make_mat(q.data(), batch * sq, width), srcs,
+                 make_mat(a.data(), batch * sq, width));
+  ops::attention(c.ref, shape, make_mat(q.data(), batch * sq, width), srcs,
+                 make_mat(b.data(), batch * sq, width));
+  EXPECT_LE(compare(a.data(), b.data(), batch * sq * width).rel(), 2e-6)
+      << "b" << batch << " h" << heads << " hd" << hd << " sq" << sq;
+}
+
+TEST(Ops, AttentionMatchesReference) {
+  run_attention_case(1, 2, 16, 5, {7}, false, false, DType::kF32);
+  run_attention_case(2, 3, 32, 70, {13, 64, 65}, false, false, DType::kF32);
+  run_attention_case(1, 1, 128, 130, {200}, false, false, DType::kF32);
+  run_attention_case(2, 2, 64, 77, {30, 77}, true, false, DType::kF32);    // causal run
+  run_attention_case(2, 2, 16, 33, {50, 33}, true, true, DType::kF32);     // + key mask
+  run_attention_case(1, 2, 32, 40, {20, 45}, false, false, DType::kBF16);  // bf16 memory
+}
+
+TEST(Ops, AttentionSplicedSourceEqualsContiguousKeys) {
+  // Keys given as [A, B, C] sources give bit-identical output whether B is a slice of one
+  // buffer holding A|B|C or a separate buffer (what a cache splice does).
+  Ctx c;
+  const int64_t heads = 2, hd = 32, sq = 50, la = 20, lb = 67, lc = 50;
+  const int64_t w = heads * hd, total = la + lb + lc;
+  auto q = randn(sq * w, 50), k = randn(total * w, 51), v = randn(total * w, 52);
+  std::vector<float> kb(k.begin() + la * w, k.begin() + (la + lb) * w);
+  std::vector<float> vb(v.begin() + la * w, v.begin() + (la + lb) * w);
+  ops::KVSource a = ops::KVSource::f32(make_mat(k.data(), la, w), make_mat(v.data(), la, w), la);
+  ops::KVSource b1 = ops::KVSource::f32(make_mat(k.data() + la * w, lb, w),
+                                        make_mat(v.data() + la * w, lb, w), lb);
+  ops::KVSource b2 = ops::KVSource::f32(make_mat(kb.data(), lb, w), make_mat(vb.data(), lb, w), lb);
+  ops::KVSource cc = ops::KVSource::f32(make_mat(k.data() + (la + lb) * w, lc, w),
+                                        make_mat(v.data() + (la + lb) * w, lc, w), lc);
+  std::vector<float> o1(sq * w), o2(sq * w), o3(sq * w);
+  ops::AttnShape shape{1, heads, hd, sq};
+  std::vector<ops::KVSource> s1{a, b1, cc}, s2{a, b2, cc};
+  ops::attention(c.fast, shape, make_mat(q.data(), sq, w), s1, make_mat(o1.data(), sq, w));
+  ops::attention(c.fast, shape, make_mat(q.data(), sq, w), s2, make_mat(o2.data(), sq, w));
+  EXPECT_TRUE(test::bit_equal(o1.data(), o2.data(), sq * w));
+  // And for 1 vs 2 threads.
+  set_num_threads(1);
+  ops::attention(c.fast, shape, make_mat(q.data(), sq, w), s1, make_mat(o3.data(), sq, w));
+  set_num_threads(0);
+  EXPECT_TRUE(test::bit_equal(o1.data(), o3.data(), sq * w));
+}
+
+}  // namespace
+}  // namespace flowkv
