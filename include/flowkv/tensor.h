@@ -28,7 +28,7 @@ class Tensor {
   static Tensor wrap(void* data, Shape shape, DType dtype, std::shared_ptr<void> holder);
   static Tensor from_vector(const std::vector<float>& v, Shape shape);
 
-  bool defined() const { return data_ != nullptr || numel() == 0 && !shape_.empty(); }
+  bool defined() const { return holder_ != nullptr || data_ != nullptr; }
   DType dtype() const { return dtype_; }
   const Shape& shape() const { return shape_; }
   int64_t dim(int i) const { return shape_.at(i < 0 ? i + ndim() : i); }

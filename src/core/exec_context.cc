@@ -18,8 +18,9 @@ void trace_parts(const ExecContext& ctx, std::string_view name, int64_t batch,
   float* out = t.f32();
   for (int64_t b = 0; b < batch; ++b) {
     for (const TracePart& p : parts) {
+      const int64_t first = b * (p.batch_rows > 0 ? p.batch_rows : p.seq);
       for (int64_t s = 0; s < p.seq; ++s) {
-        std::memcpy(out, p.m.row(b * p.seq + s), static_cast<size_t>(cols) * 4);
+        std::memcpy(out, p.m.row(first + s), static_cast<size_t>(cols) * 4);
         out += cols;
       }
     }

@@ -33,7 +33,8 @@ struct ExecContext {
 // (or, with `heads`, [B, sum S_i, heads, C/heads]) tensor. Costs nothing without a tracer.
 struct TracePart {
   Mat m;
-  int64_t seq;  // rows per batch element
+  int64_t seq;             // rows per batch element
+  int64_t batch_rows = 0;  // rows from one batch element to the next in m (0: seq)
 };
 void trace_parts(const ExecContext& ctx, std::string_view name, int64_t batch,
                  std::initializer_list<TracePart> parts, int64_t heads = 0);

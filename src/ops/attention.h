@@ -31,9 +31,19 @@ struct KVSource {
   bool causal = false;
   int64_t causal_offset = 0;
   const uint8_t* valid = nullptr;  // [B, len]: 0 = masked key; nullptr = all valid
+  int64_t batch_rows = 0;          // rows from one batch element's keys to the next (0: len)
 
-  static KVSource f32(Mat k, Mat v, int64_t len) {
-    return {k.data, v.data, DType::kF32, len, k.stride, v.stride};
+  int64_t batch_stride() const { return batch_rows > 0 ? batch_rows : len; }
+  // Keys and values as rows of f32 matrices; batch element b's keys start at row b*batch_rows.
+  static KVSource f32(Mat k, Mat v, int64_t len, int64_t batch_rows = 0) {
+    KVSource s;
+    s.k = k.data;
+    s.v = v.data;
+    s.len = len;
+    s.k_stride = k.stride;
+    s.v_stride = v.stride;
+    s.batch_rows = batch_rows;
+    return s;
   }
 };
 

@@ -44,10 +44,9 @@ void attention(const ExecContext& ctx, const AttnShape& s, Mat q, std::span<cons
     const int64_t i = t / bh, b = (t % bh) / s.heads, h = t % s.heads;
     const KVSource& src = sources[i];
     const int64_t es = src.dtype == DType::kBF16 ? 2 : 4;
-    const auto* k =
-        static_cast<const std::byte*>(src.k) + (b * src.len * src.k_stride + h * hd) * es;
-    const auto* v =
-        static_cast<const std::byte*>(src.v) + (b * src.len * src.v_stride + h * hd) * es;
+    const int64_t row0 = b * src.batch_stride();
+    const auto* k = static_cast<const std::byte*>(src.k) + (row0 * src.k_stride + h * hd) * es;
+    const auto* v = static_cast<const std::byte*>(src.v) + (row0 * src.v_stride + h * hd) * es;
     float* kt = base[i] + (b * s.heads + h) * 2 * per_head[i];
     kern.pack(k, v, src.dtype == DType::kBF16, src.len, src.k_stride, src.v_stride, hd, kt,
               kt + per_head[i]);

@@ -26,7 +26,7 @@ void attention(const AttnShape& s, Mat q, std::span<const KVSource> sources, Mat
         for (int64_t j = 0; j < src.len; ++j) {
           if (src.causal && j > i + src.causal_offset) continue;
           if (src.valid && !src.valid[b * src.len + j]) continue;
-          keys.push_back({&src, b * src.len + j});
+          keys.push_back({&src, b * src.batch_stride() + j});
         }
       }
       for (int64_t h = 0; h < s.heads; ++h) {

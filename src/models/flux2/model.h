@@ -1,0 +1,92 @@
+// The FLUX.2 transformer (diffusers Flux2Transformer2DModel): FLUX.2 Klein 4B / 9B / 9B KV
+// and FLUX.2 dev. One forward computes what diffusers computes, in f32 activations with f32 or
+// bf16 weights.
+//
+// Segments. The target (noisy image) tokens are always computed. Text is computed, or - for
+// the named approximation text-kv-approx - read from a memory. Reference images follow the
+// Klein KV rules (they attend to references only and are modulated from a fixed timestep):
+// computed live (optionally storing their K/V), or not present at all with their K/V read from
+// a memory. Each live segment runs through its own GEMM and attention calls, so a target row
+// sees exactly the same computation whether the references are live or spliced from memory.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cache/kv_memory.h"
+#include "core/exec_context.h"
+#include "models/flux2/config.h"
+#include "models/flux2/weights.h"
+#include "ops/linear.h"
+
+namespace flowkv::flux2 {
+
+struct LoadOptions {
+  // Compute type of the linear layers. kF32 always works; kBF16 multiplies bf16-rounded
+  // activations with bf16 weights and accumulates in f32. `auto_dtype` picks BF16 when every
+  // weight in the files is BF16, else F32.
+  bool auto_dtype = true;
+  DType compute = DType::kF32;
+  bool keep_plain = false;  // keep unpacked weights so the scalar reference path can run
+};
+
+// How one segment's keys and values travel this forward.
+struct SegmentKV {
+  KVMemory* store = nullptr;         // computed live and stored here (prefill)
+  const KVMemory* memory = nullptr;  // not computed: spliced from here (decode)
+};
+
+struct ForwardArgs {
+  int64_t batch = 1;
+  // Target tokens [B, N, in_channels] and their position ids [N, 4] (T, H, W, L).
+  const float* img = nullptr;
+  int64_t img_tokens = 0;
+  const float* img_ids = nullptr;
+  // Text features [B, L, joint_attention_dim] and ids [L, 4]. With txt_kv.memory set the text
+  // is not computed (its K/V come from the memory; ids are then unused).
+  const float* txt = nullptr;
+  int64_t txt_tokens = 0;
+  const float* txt_ids = nullptr;
+  SegmentKV txt_kv;
+  // Per batch element: sigma in [0, 1] (the model multiplies by 1000), guidance or nullptr.
+  const float* timestep = nullptr;
+  const float* guidance = nullptr;
+  // Reference tokens [B, R, in_channels] with ids [R, 4], under the Klein KV rules.
+  const float* ref = nullptr;
+  int64_t ref_tokens = 0;
+  const float* ref_ids = nullptr;
+  float ref_timestep = 0.0f;
+  SegmentKV ref_kv;
+  // Output velocity [B, N, out_features].
+  float* out = nullptr;
+};
+
+class Model {
+ public:
+  // Loads a diffusers folder, pipeline folder or BFL single file; validates every tensor.
+  static Model load(const std::string& path, const LoadOptions& opts = {});
+  // Builds from an opened source with a known config (validated against its table).
+  static Model from_source(const WeightSource& src, const Config& cfg, const LoadOptions& opts);
+
+  const Config& config() const;
+  DType compute_dtype() const;
+  // Number of K/V layers (double blocks, then single blocks) and their width.
+  int64_t kv_layers() const { return config().num_blocks(); }
+  int64_t kv_width() const { return config().dim(); }
+  // The dtype cached K/V are kept in: what the attention of this model reads.
+  DType kv_dtype() const { return compute_dtype(); }
+  int64_t weight_bytes() const;
+
+  void forward(const ExecContext& ctx, const ForwardArgs& args) const;
+
+  struct Weights;  // defined in model_weights.h
+
+ private:
+  std::shared_ptr<const Weights> w_;
+};
+
+// Selects the compute dtype LoadOptions asks for, given the files' dtypes.
+DType choose_compute_dtype(const WeightSource& src, const LoadOptions& opts);
+
+}  // namespace flowkv::flux2

@@ -1,0 +1,77 @@
+// Reading the golden dumps of python/ref and comparing traced intermediates with them.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/exec_context.h"
+#include "io/json.h"
+#include "io/safetensors.h"
+#include "test_util.h"
+
+namespace flowkv::test {
+
+inline std::string golden(const std::string& rel) { return std::string(FLOWKV_GOLDEN_DIR) + "/" + rel; }
+
+// All tensors of a safetensors file as f32 copies.
+inline std::map<std::string, Tensor> load_tensors(const std::string& path) {
+  SafetensorsFile f = SafetensorsFile::open(path);
+  std::map<std::string, Tensor> out;
+  for (const TensorInfo& t : f.header().tensors) out[t.name] = f.view(t).to_f32();
+  return out;
+}
+
+// Records every traced tensor under prefix + name.
+class CaptureTracer : public Tracer {
+ public:
+  std::string prefix;
+  std::map<std::string, Tensor> got;
+  void record(std::string_view name, const Tensor& t) override {
+    got[prefix + std::string(name)] = t.clone();
+  }
+};
+
+// Compares `got` with every dumped name that starts with `prefix`, in the dump's order
+// (meta.json "dump_names": forward order), and reports the first one that diverges.
+// Tolerance: max |got - ref| <= rel_tol * max |ref| for each tensor.
+inline void expect_matches_dump(const std::map<std::string, Tensor>& got,
+                                const std::map<std::string, Tensor>& dump,
+                                const std::vector<std::string>& order, const std::string& prefix,
+                                double rel_tol, int* compared = nullptr) {
+  int n = 0;
+  double worst = 0;
+  std::string worst_name;
+  for (const std::string& name : order) {
+    if (name.rfind(prefix, 0) != 0) continue;
+    auto ref = dump.find(name);
+    ASSERT_NE(ref, dump.end()) << name;
+    auto it = got.find(name);
+    ASSERT_NE(it, got.end()) << "flowkv did not trace " << name;
+    ASSERT_EQ(it->second.shape(), ref->second.shape())
+        << name << ": shape " << shape_str(it->second.shape()) << " vs reference "
+        << shape_str(ref->second.shape());
+    const ErrorStats e = compare(it->second.f32(), ref->second.f32(), ref->second.numel());
+    ASSERT_LE(e.rel(), rel_tol) << "first diverging tensor: " << name << " (max abs error "
+                                << e.max_abs << ", max |ref| " << e.max_ref << ")";
+    if (std::getenv("FLOWKV_TRACE_ERRORS")) std::printf("    %-55s %.3g\n", name.c_str(), e.rel());
+    if (e.rel() >= worst) {
+      worst = e.rel();
+      worst_name = name;
+    }
+    ++n;
+  }
+  if (compared) *compared = n;
+  std::printf("  %d tensors under '%s' match; worst relative error %.3g (%s)\n", n, prefix.c_str(),
+              worst, worst_name.c_str());
+}
+
+inline std::vector<std::string> dump_order(const std::string& case_dir) {
+  const Json meta = read_json_file(case_dir + "/meta.json");
+  return meta.at("dump_names").get<std::vector<std::string>>();
+}
+
+}  // namespace flowkv::test
