@@ -61,9 +61,15 @@ void run_plain_case(const std::string& name) {
   test::expect_matches_dump(tracer.got, c.dump, c.order, "", kF32Tol);
 }
 
-TEST(Flux2Golden, DiffusersUnitTestConfig) { run_plain_case("tiny_unit"); }
-TEST(Flux2Golden, TwoDoubleThreeSingleGuidanceBatch2ShardedFolder) { run_plain_case("multi_guidance"); }
-TEST(Flux2Golden, HeadDim128Bf16File) { run_plain_case("hd128"); }
+TEST(Flux2Golden, DiffusersUnitTestConfig) {
+  run_plain_case("tiny_unit");
+}
+TEST(Flux2Golden, TwoDoubleThreeSingleGuidanceBatch2ShardedFolder) {
+  run_plain_case("multi_guidance");
+}
+TEST(Flux2Golden, HeadDim128Bf16File) {
+  run_plain_case("hd128");
+}
 
 // The Klein KV calls: extract (references live, K/V stored), cached (references spliced from
 // the memory), and the uncached baseline output.

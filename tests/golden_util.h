@@ -15,7 +15,9 @@
 
 namespace flowkv::test {
 
-inline std::string golden(const std::string& rel) { return std::string(FLOWKV_GOLDEN_DIR) + "/" + rel; }
+inline std::string golden(const std::string& rel) {
+  return std::string(FLOWKV_GOLDEN_DIR) + "/" + rel;
+}
 
 // All tensors of a safetensors file as f32 copies.
 inline std::map<std::string, Tensor> load_tensors(const std::string& path) {

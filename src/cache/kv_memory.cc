@@ -83,7 +83,11 @@ Tensor KVMemory::read(const std::byte* p) const {
   return t;
 }
 
-Tensor KVMemory::keys(int64_t layer) const { return read(k_ptr(layer)); }
-Tensor KVMemory::values(int64_t layer) const { return read(v_ptr(layer)); }
+Tensor KVMemory::keys(int64_t layer) const {
+  return read(k_ptr(layer));
+}
+Tensor KVMemory::values(int64_t layer) const {
+  return read(v_ptr(layer));
+}
 
 }  // namespace flowkv

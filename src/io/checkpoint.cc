@@ -1,7 +1,9 @@
 #include "io/checkpoint.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <set>
 
 #include "flowkv/error.h"
@@ -15,8 +17,15 @@ namespace {
 constexpr const char* kSingle = "diffusion_pytorch_model.safetensors";
 constexpr const char* kIndex = "diffusion_pytorch_model.safetensors.index.json";
 
-void add_file(CheckpointScan& scan, const std::string& file) {
-  const SafetensorsHeader h = read_safetensors_header(file);
+void add_file(CheckpointScan& scan, const std::string& file, bool lenient) {
+  SafetensorsHeader h;
+  try {
+    h = read_safetensors_header(file);
+  } catch (const Error& e) {
+    if (!lenient) throw;
+    scan.problems.push_back(e.what());
+    return;
+  }
   for (const TensorInfo& t : h.tensors) {
     auto [it, inserted] = scan.tensors.emplace(t.name, t);
     FLOWKV_CHECK(inserted, "tensor '", t.name, "' appears in both ", it->second.file, " and ",
@@ -25,7 +34,7 @@ void add_file(CheckpointScan& scan, const std::string& file) {
   scan.files.push_back(file);
 }
 
-void scan_sharded(CheckpointScan& scan, const fs::path& dir) {
+void scan_sharded(CheckpointScan& scan, const fs::path& dir, bool lenient) {
   const std::string index_path = (dir / kIndex).string();
   const Json index = read_json_file(index_path);
   FLOWKV_CHECK(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(),
@@ -51,12 +60,16 @@ void scan_sharded(CheckpointScan& scan, const fs::path& dir) {
   if (!missing_files.empty()) {
     std::vector<std::string> lines;
     for (const auto& f : missing_files) lines.push_back("missing shard file: " + f);
-    fail(format_problems(index_path + " names shard files that do not exist", lines));
+    if (!lenient) fail(format_problems(index_path + " names shard files that do not exist", lines));
+    for (const auto& l : lines) scan.problems.push_back(index_path + ": " + l);
   }
-  for (const std::string& f : shard_order) add_file(scan, (dir / f).string());
+  for (const std::string& f : shard_order) {
+    if (fs::exists(dir / f)) add_file(scan, (dir / f).string(), lenient);
+  }
   std::vector<std::string> lines;
   for (const auto& [name, file] : weight_map) {
     auto it = scan.tensors.find(name);
+    if (it == scan.tensors.end() && !fs::exists(dir / file)) continue;  // reported above
     if (it == scan.tensors.end()) {
       lines.push_back("'" + name + "' is listed in the index (in " + file +
                       ") but no shard holds it");
@@ -71,19 +84,22 @@ void scan_sharded(CheckpointScan& scan, const fs::path& dir) {
                               " but not in the index");
     }
   }
-  if (!lines.empty()) fail(format_problems(index_path + " disagrees with its shards", lines));
+  if (!lines.empty() && !lenient) {
+    fail(format_problems(index_path + " disagrees with its shards", lines));
+  }
+  for (const auto& l : lines) scan.problems.push_back(index_path + ": " + l);
 }
 
 }  // namespace
 
-CheckpointScan scan_checkpoint(const std::string& path_in) {
+CheckpointScan scan_checkpoint(const std::string& path_in, bool lenient) {
   fs::path path(path_in);
   FLOWKV_CHECK(fs::exists(path), path_in, ": no such file or folder");
   CheckpointScan scan;
   if (fs::is_regular_file(path)) {
     scan.path = path.string();
     scan.single_file = true;
-    add_file(scan, path.string());
+    add_file(scan, path.string(), lenient);
     return scan;
   }
   FLOWKV_CHECK(fs::is_directory(path), path_in, ": not a file or folder");
@@ -96,14 +112,27 @@ CheckpointScan scan_checkpoint(const std::string& path_in) {
   FLOWKV_CHECK(fs::exists(config), path.string(),
                ": no config.json (expected a diffusers transformer folder, a pipeline folder "
                "with transformer/, or a single .safetensors file)");
-  scan.config = read_json_file(config.string());
-  FLOWKV_CHECK(scan.config->is_object(), config.string(), ": not a JSON object");
+  try {
+    scan.config = read_json_file(config.string());
+    FLOWKV_CHECK(scan.config->is_object(), config.string(), ": not a JSON object");
+  } catch (const Error& e) {
+    if (!lenient) throw;
+    scan.config.reset();
+    scan.problems.push_back(e.what());
+  }
   if (fs::exists(path / kIndex)) {
-    scan_sharded(scan, path);
+    try {
+      scan_sharded(scan, path, lenient);
+    } catch (const Error& e) {
+      if (!lenient) throw;
+      scan.problems.push_back(e.what());
+    }
   } else if (fs::exists(path / kSingle)) {
-    add_file(scan, (path / kSingle).string());
+    add_file(scan, (path / kSingle).string(), lenient);
   } else {
-    fail(path.string(), ": no ", kSingle, " and no ", kIndex);
+    const std::string msg = path.string() + ": no " + kSingle + " and no " + kIndex;
+    if (!lenient) fail(msg);
+    scan.problems.push_back(msg);
   }
   return scan;
 }
@@ -146,6 +175,50 @@ std::string format_problems(const std::string& headline, const std::vector<std::
     out += "\n  ... and " + std::to_string(lines.size() - max_lines) + " more";
   }
   return out;
+}
+
+void write_diffusers_folder(const std::string& dir, const Json& config,
+                            const std::vector<TensorToWrite>& tensors, int64_t max_shard_bytes) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  FLOWKV_CHECK(!ec, "cannot create ", dir, ": ", ec.message());
+  // Greedy shards in the given order, as diffusers' save_pretrained does.
+  std::vector<std::vector<TensorToWrite>> shards(1);
+  int64_t size = 0;
+  for (const TensorToWrite& t : tensors) {
+    const int64_t b = shape_numel(t.shape) * dtype_size(t.dtype);
+    if (size > 0 && size + b > max_shard_bytes) {
+      shards.emplace_back();
+      size = 0;
+    }
+    shards.back().push_back(t);
+    size += b;
+  }
+  const fs::path root(dir);
+  if (shards.size() == 1) {
+    write_safetensors((root / kSingle).string(), shards[0], {{"format", "pt"}});
+  } else {
+    Json index;
+    int64_t total = 0;
+    index["weight_map"] = Json::object();
+    for (size_t i = 0; i < shards.size(); ++i) {
+      char name[96];
+      std::snprintf(name, sizeof name, "diffusion_pytorch_model-%05zu-of-%05zu.safetensors", i + 1,
+                    shards.size());
+      write_safetensors((root / name).string(), shards[i], {{"format", "pt"}});
+      for (const TensorToWrite& t : shards[i]) {
+        index["weight_map"][t.name] = name;
+        total += shape_numel(t.shape) * dtype_size(t.dtype);
+      }
+    }
+    index["metadata"] = {{"total_size", total}};
+    const std::string tmp = (root / kIndex).string() + ".tmp-flowkv";
+    std::ofstream(tmp) << index.dump(2);
+    fs::rename(tmp, root / kIndex);
+  }
+  const std::string tmp = (root / "config.json").string() + ".tmp-flowkv";
+  std::ofstream(tmp) << config.dump(2);
+  fs::rename(tmp, root / "config.json");
 }
 
 CheckpointReader::CheckpointReader(const CheckpointScan& scan) {

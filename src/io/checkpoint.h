@@ -24,7 +24,16 @@ struct CheckpointScan {
   std::vector<std::string> problems;          // non-fatal findings (reported by inspect)
 };
 
-CheckpointScan scan_checkpoint(const std::string& path);
+// Strict: the first unreadable file, index or config is an Error. Lenient (inspect): every
+// such problem is recorded in `problems` and the rest is still scanned.
+CheckpointScan scan_checkpoint(const std::string& path, bool lenient = false);
+
+// Writes a diffusers-format folder: config.json and the tensors, in one file or, past
+// max_shard_bytes, as numbered shards with their index. Files are written atomically; a tensor
+// with data == nullptr becomes a hole in a sparse file.
+void write_diffusers_folder(const std::string& dir, const Json& config,
+                            const std::vector<TensorToWrite>& tensors,
+                            int64_t max_shard_bytes = int64_t{5} << 30);
 
 // What a model expects to find: its one name table.
 struct ExpectedTensor {

@@ -26,9 +26,11 @@ void rope_tables(const float* ids, int64_t tokens, int64_t ids_stride,
       const int64_t d = axes_dims[a];
       const double pos = static_cast<double>(ids[s * ids_stride + static_cast<int64_t>(a)]);
       for (int64_t k = 0; k < d / 2; ++k) {
-        const double freq = 1.0 / std::pow(theta, static_cast<double>(2 * k) / static_cast<double>(d));
+        const double freq =
+            1.0 / std::pow(theta, static_cast<double>(2 * k) / static_cast<double>(d));
         const double angle = pos * freq;
-        const float c = static_cast<float>(std::cos(angle)), sn = static_cast<float>(std::sin(angle));
+        const float c = static_cast<float>(std::cos(angle)),
+                    sn = static_cast<float>(std::sin(angle));
         cos[s * hd + col + 2 * k] = cos[s * hd + col + 2 * k + 1] = c;
         sin[s * hd + col + 2 * k] = sin[s * hd + col + 2 * k + 1] = sn;
       }

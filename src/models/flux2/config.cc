@@ -14,7 +14,8 @@ int64_t get_int(const Json& j, const char* key, int64_t def, const std::string& 
   if (!j.contains(key) || j[key].is_null()) return def;
   const Json& v = j[key];
   if (v.is_number_integer()) return v.get<int64_t>();
-  if (v.is_number_float() && v.get<double>() == static_cast<double>(static_cast<int64_t>(v.get<double>()))) {
+  if (v.is_number_float() &&
+      v.get<double>() == static_cast<double>(static_cast<int64_t>(v.get<double>()))) {
     return static_cast<int64_t>(v.get<double>());
   }
   fail(src, ": field \"", key, "\" must be an integer, got ", v.dump());
@@ -86,9 +87,11 @@ void Config::validate(const std::string& src) const {
   FLOWKV_CHECK(sum == attention_head_dim, src, ": axes_dims_rope sums to ", sum,
                " but attention_head_dim is ", attention_head_dim, "; they must be equal");
   for (int64_t a : axes_dims_rope) {
-    FLOWKV_CHECK(a > 0 && a % 2 == 0, src, ": every axes_dims_rope entry must be even and positive");
+    FLOWKV_CHECK(a > 0 && a % 2 == 0, src,
+                 ": every axes_dims_rope entry must be even and positive");
   }
-  FLOWKV_CHECK(axes_dims_rope.size() == 4, src, ": axes_dims_rope must have 4 entries (T, H, W, L)");
+  FLOWKV_CHECK(axes_dims_rope.size() == 4, src,
+               ": axes_dims_rope must have 4 entries (T, H, W, L)");
   FLOWKV_CHECK(rope_theta > 0 && eps > 0, src, ": rope_theta and eps must be positive");
 }
 

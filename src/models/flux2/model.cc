@@ -41,7 +41,9 @@ Mat alloc(Arena& a, int64_t rows, int64_t cols) {
 }
 
 // Chunk k of a stream's [B, n*D] modulation table, broadcast over each batch element's rows.
-ops::ModRows chunk(const Stream& s, int k, int64_t d) { return {s.mod + k * d, s.mod_width, s.seq}; }
+ops::ModRows chunk(const Stream& s, int k, int64_t d) {
+  return {s.mod + k * d, s.mod_width, s.seq};
+}
 
 // Keys and values computed this forward: columns [D, 2D) and [2D, 3D) of the fused projection.
 ops::KVSource live_kv(Mat qkv, int64_t d, int64_t len, int64_t batch_rows = 0) {
@@ -87,14 +89,15 @@ void embed_time(const Run& r, const float* t, const float* g, float* temb) {
 
 // The shared modulation tables: SiLU(temb) through each modulation linear (T:1036-1047).
 struct Mods {
-  float* act;  // SiLU(temb) [B, D]
-  float* img;  // [B, 6D]
-  float* txt;  // [B, 6D]
+  float* act;     // SiLU(temb) [B, D]
+  float* img;     // [B, 6D]
+  float* txt;     // [B, 6D]
   float* single;  // [B, 3D]
 };
 Mods modulations(const Run& r, const float* temb) {
   const int64_t b = r.B, d = r.D;
-  Mods m{r.ws.floats(b * d), r.ws.floats(b * 6 * d), r.ws.floats(b * 6 * d), r.ws.floats(b * 3 * d)};
+  Mods m{r.ws.floats(b * d), r.ws.floats(b * 6 * d), r.ws.floats(b * 6 * d),
+         r.ws.floats(b * 3 * d)};
   ops::silu(r.ec, temb, m.act, b * d);
   const Mat act = make_mat(m.act, b, d);
   r.w.mod_img.forward(r.ec, act, make_mat(m.img, b, 6 * d));
@@ -159,7 +162,9 @@ std::vector<ops::KVSource> joint_sources(const Run& r, int64_t layer, const ops:
   return s;
 }
 
-TracePart part(const Stream* s, Mat m) { return {m, s ? s->seq : 0}; }
+TracePart part(const Stream* s, Mat m) {
+  return {m, s ? s->seq : 0};
+}
 
 void double_block(const Run& r, int64_t i, Stream* txt, Stream& img, Stream* ref) {
   const DoubleBlockWeights& w = r.w.doubles[static_cast<size_t>(i)];
@@ -192,13 +197,14 @@ void double_block(const Run& r, int64_t i, Stream* txt, Stream& img, Stream* ref
   ops::KVSource kv_txt, kv_ref;
   if (txt) kv_txt = live_kv(pt.qkv, r.D, txt->seq);
   if (ref) kv_ref = live_kv(pr.qkv, r.D, ref->seq);
-  const auto sources = joint_sources(r, i, txt ? &kv_txt : nullptr, ref ? &kv_ref : nullptr, kv_img);
+  const auto sources =
+      joint_sources(r, i, txt ? &kv_txt : nullptr, ref ? &kv_ref : nullptr, kv_img);
   if (txt) attend(r, pt.qkv.cols_slice(0, r.D), txt->seq, sources, pt.attn);
   attend(r, pi.qkv.cols_slice(0, r.D), img.seq, sources, pi.attn);
   if (ref) attend(r, pr.qkv.cols_slice(0, r.D), ref->seq, {kv_ref}, pr.attn);  // refs see refs
-  trace_parts(ec, p + "attn.out", r.B,
-              {part(txt, txt ? pt.attn : Mat{}), part(ref, ref ? pr.attn : Mat{}),
-               part(&img, pi.attn)});
+  trace_parts(
+      ec, p + "attn.out", r.B,
+      {part(txt, txt ? pt.attn : Mat{}), part(ref, ref ? pr.attn : Mat{}), part(&img, pi.attn)});
 
   if (txt) finish_double(r, *txt, pt.attn, w.out_txt, w.ff_txt_in, w.ff_txt_out);
   finish_double(r, img, pi.attn, w.out, w.ff_in, w.ff_out);
@@ -278,12 +284,12 @@ void single_block(const Run& r, int64_t j, Stream& live, int64_t txt_rows, Strea
 // ---------------------------------------------------------------- arguments
 
 void check_memory(const KVMemory& m, const Run& r, int64_t tokens, const char* what) {
-  FLOWKV_CHECK(m.layers() == r.w.cfg.num_blocks() && m.width() == r.D && m.batch() == r.B,
-               what, " KV memory has ", m.layers(), " layers x batch ", m.batch(), " x width ",
-               m.width(), "; this model needs ", r.w.cfg.num_blocks(), " x ", r.B, " x ", r.D);
+  FLOWKV_CHECK(m.layers() == r.w.cfg.num_blocks() && m.width() == r.D && m.batch() == r.B, what,
+               " KV memory has ", m.layers(), " layers x batch ", m.batch(), " x width ", m.width(),
+               "; this model needs ", r.w.cfg.num_blocks(), " x ", r.B, " x ", r.D);
   if (tokens >= 0) {
-    FLOWKV_CHECK(m.tokens() == tokens, what, " KV memory holds ", m.tokens(), " tokens, the ",
-                 what, " segment has ", tokens);
+    FLOWKV_CHECK(m.tokens() == tokens, what, " KV memory holds ", m.tokens(), " tokens, the ", what,
+                 " segment has ", tokens);
   }
 }
 
@@ -297,7 +303,8 @@ void check_args(const Run& r) {
     check_memory(*a.txt_kv.memory, r, -1, "text");
     FLOWKV_CHECK(a.txt_kv.memory->complete(), "forward: the text KV memory is not filled yet");
   } else {
-    FLOWKV_CHECK(a.txt && a.txt_tokens > 0 && a.txt_ids, "forward: text features and ids are required");
+    FLOWKV_CHECK(a.txt && a.txt_tokens > 0 && a.txt_ids,
+                 "forward: text features and ids are required");
     if (a.txt_kv.store) check_memory(*a.txt_kv.store, r, a.txt_tokens, "text");
   }
   if (a.ref_tokens > 0) {
@@ -335,8 +342,17 @@ void Model::forward(const ExecContext& ec, const ForwardArgs& a) const {
   FLOWKV_CHECK(ec.arena, "forward: the execution context needs a workspace arena");
   const Weights& w = *w_;
   const Config& c = w.cfg;
-  Run r{ec, w, a, *ec.arena, a.batch, c.dim(), c.num_attention_heads, c.attention_head_dim,
-        c.mlp_hidden(), static_cast<float>(c.eps), w.compute == DType::kBF16};
+  Run r{ec,
+        w,
+        a,
+        *ec.arena,
+        a.batch,
+        c.dim(),
+        c.num_attention_heads,
+        c.attention_head_dim,
+        c.mlp_hidden(),
+        static_cast<float>(c.eps),
+        w.compute == DType::kBF16};
   check_args(r);
   ArenaScope scope(r.ws);
   const int64_t B = r.B, D = r.D, hd = r.hd;
@@ -363,14 +379,17 @@ void Model::forward(const ExecContext& ec, const ForwardArgs& a) const {
   }
 
   // 2. Input projections.
-  Stream img{alloc(r.ws, B * N, D), N}, txt{alloc(r.ws, B * L, D), L}, ref{alloc(r.ws, B * R, D), R};
+  Stream img{alloc(r.ws, B * N, D), N}, txt{alloc(r.ws, B * L, D), L},
+      ref{alloc(r.ws, B * R, D), R};
   w.x_embedder.forward(ec, {const_cast<float*>(a.img), B * N, c.in_channels, c.in_channels}, img.x);
   if (L > 0) {
     w.context_embedder.forward(
-        ec, {const_cast<float*>(a.txt), B * L, c.joint_attention_dim, c.joint_attention_dim}, txt.x);
+        ec, {const_cast<float*>(a.txt), B * L, c.joint_attention_dim, c.joint_attention_dim},
+        txt.x);
   }
   if (R > 0) {
-    w.x_embedder.forward(ec, {const_cast<float*>(a.ref), B * R, c.in_channels, c.in_channels}, ref.x);
+    w.x_embedder.forward(ec, {const_cast<float*>(a.ref), B * R, c.in_channels, c.in_channels},
+                         ref.x);
   }
   trace_parts(ec, "x_embedder", B, {{ref.x, R}, {img.x, N}});
   if (L > 0) trace_parts(ec, "context_embedder", B, {{txt.x, L}});
@@ -409,7 +428,8 @@ void Model::forward(const ExecContext& ec, const ForwardArgs& a) const {
 
   // 6. Output: the target rows, norm_out (scale, shift from the normal temb), proj_out.
   Mat fin = alloc(r.ws, B * N, D), normed = alloc(r.ws, B * N, D), emb = alloc(r.ws, B, 2 * D);
-  for (int64_t b = 0; b < B; ++b) copy_rows(live.x.rows_slice(b * S + L, N), fin.rows_slice(b * N, N));
+  for (int64_t b = 0; b < B; ++b)
+    copy_rows(live.x.rows_slice(b * S + L, N), fin.rows_slice(b * N, N));
   w.norm_out.forward(ec, make_mat(mods.act, B, D), emb);
   ops::layer_norm_modulate(ec, fin, normed, {emb.data, 2 * D, N}, {emb.data + D, 2 * D, N}, r.eps);
   const Mat out = make_mat(a.out, B * N, c.out_features());

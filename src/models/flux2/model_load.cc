@@ -38,8 +38,9 @@ DType choose_compute_dtype(const WeightSource& src, const LoadOptions& opts) {
 
 Model Model::load(const std::string& path, const LoadOptions& opts) {
   WeightSource src(scan_checkpoint(path));
-  Config cfg = src.scan().config ? Config::from_json(*src.scan().config, src.scan().path + "/config.json")
-                                 : infer_config(src.tensors());
+  Config cfg = src.scan().config
+                   ? Config::from_json(*src.scan().config, src.scan().path + "/config.json")
+                   : infer_config(src.tensors());
   return from_source(src, cfg, opts);
 }
 
@@ -100,15 +101,19 @@ Model Model::from_source(const WeightSource& src, const Config& cfg, const LoadO
   return m;
 }
 
-const Config& Model::config() const { return w_->cfg; }
-DType Model::compute_dtype() const { return w_->compute; }
+const Config& Model::config() const {
+  return w_->cfg;
+}
+DType Model::compute_dtype() const {
+  return w_->compute;
+}
 
 int64_t Model::weight_bytes() const {
   const Weights& w = *w_;
   int64_t b = 0;
-  for (const ops::Linear* l : {&w.x_embedder, &w.context_embedder, &w.time_1, &w.time_2,
-                               &w.guidance_1, &w.guidance_2, &w.mod_img, &w.mod_txt,
-                               &w.mod_single, &w.norm_out, &w.proj_out}) {
+  for (const ops::Linear* l :
+       {&w.x_embedder, &w.context_embedder, &w.time_1, &w.time_2, &w.guidance_1, &w.guidance_2,
+        &w.mod_img, &w.mod_txt, &w.mod_single, &w.norm_out, &w.proj_out}) {
     b += l->packed_bytes();
   }
   for (const auto& d : w.doubles) {

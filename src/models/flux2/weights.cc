@@ -23,11 +23,21 @@ constexpr const char* kGlobalNames[] = {
     "proj_out.weight",
 };
 constexpr const char* kDoubleNames[] = {
-    "attn.to_q.weight",       "attn.to_k.weight",          "attn.to_v.weight",
-    "attn.norm_q.weight",     "attn.norm_k.weight",        "attn.to_out.0.weight",
-    "attn.add_q_proj.weight", "attn.add_k_proj.weight",    "attn.add_v_proj.weight",
-    "attn.norm_added_q.weight", "attn.norm_added_k.weight", "attn.to_add_out.weight",
-    "ff.linear_in.weight",    "ff.linear_out.weight",      "ff_context.linear_in.weight",
+    "attn.to_q.weight",
+    "attn.to_k.weight",
+    "attn.to_v.weight",
+    "attn.norm_q.weight",
+    "attn.norm_k.weight",
+    "attn.to_out.0.weight",
+    "attn.add_q_proj.weight",
+    "attn.add_k_proj.weight",
+    "attn.add_v_proj.weight",
+    "attn.norm_added_q.weight",
+    "attn.norm_added_k.weight",
+    "attn.to_add_out.weight",
+    "ff.linear_in.weight",
+    "ff.linear_out.weight",
+    "ff_context.linear_in.weight",
     "ff_context.linear_out.weight",
 };
 constexpr const char* kSingleNames[] = {
@@ -43,18 +53,27 @@ static_assert(std::size(kSingleNames) == static_cast<size_t>(SingleW::kCount));
 Shape global_shape(const Config& c, GlobalW w) {
   const int64_t d = c.dim(), t = c.timestep_guidance_channels;
   switch (w) {
-    case GlobalW::kXEmbedder: return {d, c.in_channels};
-    case GlobalW::kContextEmbedder: return {d, c.joint_attention_dim};
+    case GlobalW::kXEmbedder:
+      return {d, c.in_channels};
+    case GlobalW::kContextEmbedder:
+      return {d, c.joint_attention_dim};
     case GlobalW::kTimeLinear1:
-    case GlobalW::kGuidanceLinear1: return {d, t};
+    case GlobalW::kGuidanceLinear1:
+      return {d, t};
     case GlobalW::kTimeLinear2:
-    case GlobalW::kGuidanceLinear2: return {d, d};
+    case GlobalW::kGuidanceLinear2:
+      return {d, d};
     case GlobalW::kModImg:
-    case GlobalW::kModTxt: return {6 * d, d};
-    case GlobalW::kModSingle: return {3 * d, d};
-    case GlobalW::kNormOut: return {2 * d, d};
-    case GlobalW::kProjOut: return {c.out_features(), d};
-    case GlobalW::kCount: break;
+    case GlobalW::kModTxt:
+      return {6 * d, d};
+    case GlobalW::kModSingle:
+      return {3 * d, d};
+    case GlobalW::kNormOut:
+      return {2 * d, d};
+    case GlobalW::kProjOut:
+      return {c.out_features(), d};
+    case GlobalW::kCount:
+      break;
   }
   return {};
 }
@@ -65,23 +84,31 @@ Shape double_shape(const Config& c, DoubleW w) {
     case DoubleW::kNormQ:
     case DoubleW::kNormK:
     case DoubleW::kNormAddedQ:
-    case DoubleW::kNormAddedK: return {hd};
+    case DoubleW::kNormAddedK:
+      return {hd};
     case DoubleW::kFfIn:
-    case DoubleW::kFfContextIn: return {2 * f, d};
+    case DoubleW::kFfContextIn:
+      return {2 * f, d};
     case DoubleW::kFfOut:
-    case DoubleW::kFfContextOut: return {d, f};
-    default: return {d, d};
+    case DoubleW::kFfContextOut:
+      return {d, f};
+    default:
+      return {d, d};
   }
 }
 
 Shape single_shape(const Config& c, SingleW w) {
   const int64_t d = c.dim(), f = c.mlp_hidden(), hd = c.attention_head_dim;
   switch (w) {
-    case SingleW::kQkvMlp: return {3 * d + 2 * f, d};
+    case SingleW::kQkvMlp:
+      return {3 * d + 2 * f, d};
     case SingleW::kNormQ:
-    case SingleW::kNormK: return {hd};
-    case SingleW::kToOut: return {d, d + f};
-    case SingleW::kCount: break;
+    case SingleW::kNormK:
+      return {hd};
+    case SingleW::kToOut:
+      return {d, d + f};
+    case SingleW::kCount:
+      break;
   }
   return {};
 }
@@ -100,34 +127,54 @@ constexpr BflRule kBflRules[] = {
     {"img_in.weight", "x_embedder.weight", -1, false},
     {"txt_in.weight", "context_embedder.weight", -1, false},
     {"time_in.in_layer.weight", "time_guidance_embed.timestep_embedder.linear_1.weight", -1, false},
-    {"time_in.out_layer.weight", "time_guidance_embed.timestep_embedder.linear_2.weight", -1, false},
-    {"guidance_in.in_layer.weight", "time_guidance_embed.guidance_embedder.linear_1.weight", -1, false},
-    {"guidance_in.out_layer.weight", "time_guidance_embed.guidance_embedder.linear_2.weight", -1, false},
-    {"double_stream_modulation_img.lin.weight", "double_stream_modulation_img.linear.weight", -1, false},
-    {"double_stream_modulation_txt.lin.weight", "double_stream_modulation_txt.linear.weight", -1, false},
+    {"time_in.out_layer.weight", "time_guidance_embed.timestep_embedder.linear_2.weight", -1,
+     false},
+    {"guidance_in.in_layer.weight", "time_guidance_embed.guidance_embedder.linear_1.weight", -1,
+     false},
+    {"guidance_in.out_layer.weight", "time_guidance_embed.guidance_embedder.linear_2.weight", -1,
+     false},
+    {"double_stream_modulation_img.lin.weight", "double_stream_modulation_img.linear.weight", -1,
+     false},
+    {"double_stream_modulation_txt.lin.weight", "double_stream_modulation_txt.linear.weight", -1,
+     false},
     {"single_stream_modulation.lin.weight", "single_stream_modulation.linear.weight", -1, false},
     {"final_layer.linear.weight", "proj_out.weight", -1, false},
     {"final_layer.adaLN_modulation.1.weight", "norm_out.linear.weight", -1, true},
     {"double_blocks.{}.img_attn.qkv.weight", "transformer_blocks.{}.attn.to_q.weight", 0, false},
     {"double_blocks.{}.img_attn.qkv.weight", "transformer_blocks.{}.attn.to_k.weight", 1, false},
     {"double_blocks.{}.img_attn.qkv.weight", "transformer_blocks.{}.attn.to_v.weight", 2, false},
-    {"double_blocks.{}.txt_attn.qkv.weight", "transformer_blocks.{}.attn.add_q_proj.weight", 0, false},
-    {"double_blocks.{}.txt_attn.qkv.weight", "transformer_blocks.{}.attn.add_k_proj.weight", 1, false},
-    {"double_blocks.{}.txt_attn.qkv.weight", "transformer_blocks.{}.attn.add_v_proj.weight", 2, false},
-    {"double_blocks.{}.img_attn.norm.query_norm.scale", "transformer_blocks.{}.attn.norm_q.weight", -1, false},
-    {"double_blocks.{}.img_attn.norm.key_norm.scale", "transformer_blocks.{}.attn.norm_k.weight", -1, false},
-    {"double_blocks.{}.txt_attn.norm.query_norm.scale", "transformer_blocks.{}.attn.norm_added_q.weight", -1, false},
-    {"double_blocks.{}.txt_attn.norm.key_norm.scale", "transformer_blocks.{}.attn.norm_added_k.weight", -1, false},
-    {"double_blocks.{}.img_attn.proj.weight", "transformer_blocks.{}.attn.to_out.0.weight", -1, false},
-    {"double_blocks.{}.txt_attn.proj.weight", "transformer_blocks.{}.attn.to_add_out.weight", -1, false},
+    {"double_blocks.{}.txt_attn.qkv.weight", "transformer_blocks.{}.attn.add_q_proj.weight", 0,
+     false},
+    {"double_blocks.{}.txt_attn.qkv.weight", "transformer_blocks.{}.attn.add_k_proj.weight", 1,
+     false},
+    {"double_blocks.{}.txt_attn.qkv.weight", "transformer_blocks.{}.attn.add_v_proj.weight", 2,
+     false},
+    {"double_blocks.{}.img_attn.norm.query_norm.scale", "transformer_blocks.{}.attn.norm_q.weight",
+     -1, false},
+    {"double_blocks.{}.img_attn.norm.key_norm.scale", "transformer_blocks.{}.attn.norm_k.weight",
+     -1, false},
+    {"double_blocks.{}.txt_attn.norm.query_norm.scale",
+     "transformer_blocks.{}.attn.norm_added_q.weight", -1, false},
+    {"double_blocks.{}.txt_attn.norm.key_norm.scale",
+     "transformer_blocks.{}.attn.norm_added_k.weight", -1, false},
+    {"double_blocks.{}.img_attn.proj.weight", "transformer_blocks.{}.attn.to_out.0.weight", -1,
+     false},
+    {"double_blocks.{}.txt_attn.proj.weight", "transformer_blocks.{}.attn.to_add_out.weight", -1,
+     false},
     {"double_blocks.{}.img_mlp.0.weight", "transformer_blocks.{}.ff.linear_in.weight", -1, false},
     {"double_blocks.{}.img_mlp.2.weight", "transformer_blocks.{}.ff.linear_out.weight", -1, false},
-    {"double_blocks.{}.txt_mlp.0.weight", "transformer_blocks.{}.ff_context.linear_in.weight", -1, false},
-    {"double_blocks.{}.txt_mlp.2.weight", "transformer_blocks.{}.ff_context.linear_out.weight", -1, false},
-    {"single_blocks.{}.linear1.weight", "single_transformer_blocks.{}.attn.to_qkv_mlp_proj.weight", -1, false},
-    {"single_blocks.{}.linear2.weight", "single_transformer_blocks.{}.attn.to_out.weight", -1, false},
-    {"single_blocks.{}.norm.query_norm.scale", "single_transformer_blocks.{}.attn.norm_q.weight", -1, false},
-    {"single_blocks.{}.norm.key_norm.scale", "single_transformer_blocks.{}.attn.norm_k.weight", -1, false},
+    {"double_blocks.{}.txt_mlp.0.weight", "transformer_blocks.{}.ff_context.linear_in.weight", -1,
+     false},
+    {"double_blocks.{}.txt_mlp.2.weight", "transformer_blocks.{}.ff_context.linear_out.weight", -1,
+     false},
+    {"single_blocks.{}.linear1.weight", "single_transformer_blocks.{}.attn.to_qkv_mlp_proj.weight",
+     -1, false},
+    {"single_blocks.{}.linear2.weight", "single_transformer_blocks.{}.attn.to_out.weight", -1,
+     false},
+    {"single_blocks.{}.norm.query_norm.scale", "single_transformer_blocks.{}.attn.norm_q.weight",
+     -1, false},
+    {"single_blocks.{}.norm.key_norm.scale", "single_transformer_blocks.{}.attn.norm_k.weight", -1,
+     false},
 };
 
 // Matches `key` against a rule's original pattern; on success returns the block index
@@ -163,7 +210,9 @@ std::string strip_prefix(const std::string& key) {
 
 }  // namespace
 
-std::string weight_name(GlobalW w) { return kGlobalNames[static_cast<int>(w)]; }
+std::string weight_name(GlobalW w) {
+  return kGlobalNames[static_cast<int>(w)];
+}
 std::string weight_name(int64_t block, DoubleW w) {
   return "transformer_blocks." + std::to_string(block) + "." + kDoubleNames[static_cast<int>(w)];
 }
@@ -183,12 +232,14 @@ std::vector<ExpectedTensor> weight_table(const Config& c) {
   }
   for (int64_t b = 0; b < c.num_layers; ++b) {
     for (int i = 0; i < static_cast<int>(DoubleW::kCount); ++i) {
-      t.push_back({weight_name(b, static_cast<DoubleW>(i)), double_shape(c, static_cast<DoubleW>(i))});
+      t.push_back(
+          {weight_name(b, static_cast<DoubleW>(i)), double_shape(c, static_cast<DoubleW>(i))});
     }
   }
   for (int64_t b = 0; b < c.num_single_layers; ++b) {
     for (int i = 0; i < static_cast<int>(SingleW::kCount); ++i) {
-      t.push_back({weight_name(b, static_cast<SingleW>(i)), single_shape(c, static_cast<SingleW>(i))});
+      t.push_back(
+          {weight_name(b, static_cast<SingleW>(i)), single_shape(c, static_cast<SingleW>(i))});
     }
   }
   return t;
@@ -240,7 +291,25 @@ WeightSource::WeightSource(CheckpointScan scan) : scan_(std::move(scan)) {
   }
 }
 
+WeightSource::WeightSource(std::map<std::string, Tensor> tensors) : memory_(std::move(tensors)) {
+  scan_.path = "(in memory)";
+  for (const auto& [name, t] : memory_) {
+    TensorInfo info;
+    info.name = name;
+    info.dtype = t.dtype();
+    info.dtype_name = std::string(dtype_name(t.dtype()));
+    info.dtype_known = true;
+    info.shape = t.shape();
+    tensors_[name] = info;
+  }
+}
+
 Tensor WeightSource::get(const std::string& name) const {
+  if (!memory_.empty()) {
+    auto m = memory_.find(name);
+    FLOWKV_CHECK(m != memory_.end(), "no tensor '", name, "'");
+    return m->second;
+  }
   auto it = origin_.find(name);
   FLOWKV_CHECK(it != origin_.end(), scan_.path, ": no tensor '", name, "'");
   if (!reader_) reader_ = std::make_unique<CheckpointReader>(scan_);

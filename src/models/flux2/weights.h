@@ -60,6 +60,8 @@ class WeightSource {
  public:
   // Reads headers only (maps nothing); `bfl` tells whether the files use the BFL layout.
   explicit WeightSource(CheckpointScan scan);
+  // Tensors already in memory, under diffusers names (built-in models, tests).
+  explicit WeightSource(std::map<std::string, Tensor> tensors);
   const CheckpointScan& scan() const { return scan_; }
   bool bfl_layout() const { return bfl_; }
   // Tensors by diffusers name (shapes as diffusers has them: BFL fused qkv already split).
@@ -82,6 +84,7 @@ class WeightSource {
   std::map<std::string, Origin> origin_;
   std::vector<std::string> unmapped_;
   mutable std::unique_ptr<CheckpointReader> reader_;
+  std::map<std::string, Tensor> memory_;
 };
 
 }  // namespace flowkv::flux2

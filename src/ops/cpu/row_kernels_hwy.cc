@@ -243,16 +243,26 @@ const RowKernels& row_kernels() {
         HWY_DYNAMIC_DISPATCH(GatedAdd)(x, y, g, n);
       },
       [](float* x, int64_t heads, int64_t hd, const float* w, float eps, const float* c,
-         const float* s) { HWY_DYNAMIC_DISPATCH(RmsNormRope)
-                           (x, heads, hd, w, eps, c, s); },
-      [](const float* in, float* out, int64_t f) { HWY_DYNAMIC_DISPATCH(Swiglu)
-                                                   (in, out, f); },
-      [](const float* x, float* y, int64_t n) { HWY_DYNAMIC_DISPATCH(Silu)
-                                                (x, y, n); },
-      [](const float* x, uint16_t* o, int64_t n) { HWY_DYNAMIC_DISPATCH(ToBf16)
-                                                   (x, o, n); },
-      [](float* x, int64_t n) { HWY_DYNAMIC_DISPATCH(RoundBf16)
-                                (x, n); },
+         const float* s) {
+        HWY_DYNAMIC_DISPATCH(RmsNormRope)
+        (x, heads, hd, w, eps, c, s);
+      },
+      [](const float* in, float* out, int64_t f) {
+        HWY_DYNAMIC_DISPATCH(Swiglu)
+        (in, out, f);
+      },
+      [](const float* x, float* y, int64_t n) {
+        HWY_DYNAMIC_DISPATCH(Silu)
+        (x, y, n);
+      },
+      [](const float* x, uint16_t* o, int64_t n) {
+        HWY_DYNAMIC_DISPATCH(ToBf16)
+        (x, o, n);
+      },
+      [](float* x, int64_t n) {
+        HWY_DYNAMIC_DISPATCH(RoundBf16)
+        (x, n);
+      },
   };
   return k;
 }

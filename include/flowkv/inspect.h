@@ -1,0 +1,30 @@
+// `flowkv inspect`: what a checkpoint is and what is wrong with it, from its headers alone
+// (no weight is read, so a real-size checkpoint inspects in milliseconds).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace flowkv {
+
+struct InspectReport {
+  std::string path;
+  std::string layout;   // "diffusers folder", "diffusers folder, N shards", "BFL single file"
+  std::string family;   // "FLUX.2", or "unknown"
+  std::string variant;  // e.g. "FLUX.2 Klein 9B (or Klein 9B KV: same architecture)"
+  int64_t files = 0;
+  int64_t tensors = 0;
+  int64_t parameters = 0;
+  std::map<std::string, int64_t> bytes_by_dtype;
+  std::string config_json;  // the config in effect (from config.json, or inferred from shapes)
+  bool config_inferred = false;
+  std::vector<std::string> problems;  // every problem found; empty when the files are sound
+  bool ok() const { return problems.empty(); }
+};
+
+InspectReport inspect(const std::string& path);
+std::string format_report(const InspectReport& r);
+
+}  // namespace flowkv

@@ -1,0 +1,17 @@
+// The public Flux2Transformer's implementation: a loaded flux2::Model plus its name.
+#pragma once
+
+#include "flowkv/flux2.h"
+#include "models/flux2/model.h"
+
+namespace flowkv {
+
+struct Flux2Transformer::Impl {
+  flux2::Model model;
+  std::string variant;
+};
+
+// Parses "auto" / "f32" / "bf16".
+flux2::LoadOptions parse_dtype_option(const std::string& dtype);
+
+}  // namespace flowkv

@@ -1,0 +1,111 @@
+#include "flowkv/inspect.h"
+
+#include <sstream>
+
+#include "flowkv/error.h"
+#include "io/checkpoint.h"
+#include "models/flux2/config.h"
+#include "models/flux2/weights.h"
+
+namespace flowkv {
+
+namespace {
+
+bool looks_like_flux2(const CheckpointScan& scan, const flux2::WeightSource& src) {
+  if (scan.config && scan.config->contains("_class_name") &&
+      (*scan.config)["_class_name"].is_string()) {
+    return (*scan.config)["_class_name"].get<std::string>() == "Flux2Transformer2DModel";
+  }
+  return src.tensors().count("double_stream_modulation_img.linear.weight") > 0 ||
+         src.tensors().count("single_stream_modulation.linear.weight") > 0;
+}
+
+std::string layout_name(const CheckpointScan& scan, bool bfl) {
+  if (scan.single_file) return bfl ? "BFL original single file" : "single .safetensors file";
+  if (scan.files.size() > 1)
+    return "diffusers folder, " + std::to_string(scan.files.size()) + " shards";
+  return "diffusers folder";
+}
+
+}  // namespace
+
+InspectReport inspect(const std::string& path) {
+  InspectReport r;
+  r.path = path;
+  const CheckpointScan scan = scan_checkpoint(path, /*lenient=*/true);
+  r.problems = scan.problems;
+  r.files = static_cast<int64_t>(scan.files.size());
+  r.tensors = static_cast<int64_t>(scan.tensors.size());
+  for (const auto& [name, t] : scan.tensors) r.bytes_by_dtype[t.dtype_name] += t.end - t.begin;
+  const flux2::WeightSource src(scan);
+  r.layout = layout_name(scan, src.bfl_layout());
+  for (const auto& [name, t] : src.tensors()) r.parameters += shape_numel(t.shape);
+
+  if (!looks_like_flux2(scan, src)) {
+    r.family = "unknown";
+    std::string cls = "no _class_name";
+    if (scan.config && scan.config->contains("_class_name"))
+      cls = (*scan.config)["_class_name"].dump();
+    r.variant = "not a FLUX.2 transformer (" + cls + ")";
+    r.problems.push_back("flowkv does not know this model (" + cls +
+                         "); it runs Flux2Transformer2DModel checkpoints");
+    return r;
+  }
+  r.family = "FLUX.2";
+  const flux2::Config found = flux2::infer_config(src.tensors());
+  flux2::Config cfg = found;
+  r.config_inferred = true;
+  if (scan.config) {
+    try {
+      cfg = flux2::Config::from_json(*scan.config, scan.path + "/config.json");
+      r.config_inferred = false;
+    } catch (const Error& e) {
+      r.problems.push_back(e.what());
+    }
+  }
+  r.variant = flux2::variant_name(cfg);
+  r.config_json = cfg.to_json().dump();
+  for (const std::string& k : src.unmapped()) r.problems.push_back("unknown BFL key: " + k);
+  if (!r.config_inferred) {
+    for (const std::string& s : flux2::config_disagreements(cfg, found, src.tensors())) {
+      r.problems.push_back(s);
+    }
+  }
+  for (const std::string& s : check_against_table(src.tensors(), flux2::weight_table(cfg))) {
+    r.problems.push_back(s);
+  }
+  return r;
+}
+
+std::string format_report(const InspectReport& r) {
+  std::ostringstream o;
+  auto gib = [](int64_t b) {
+    std::ostringstream s;
+    s.setf(std::ios::fixed);
+    s.precision(3);
+    s << static_cast<double>(b) / (1 << 30) << " GiB";
+    return s.str();
+  };
+  o << "path:       " << r.path << "\n";
+  o << "layout:     " << r.layout << " (" << r.files << " file" << (r.files == 1 ? "" : "s") << ", "
+    << r.tensors << " tensors)\n";
+  o << "family:     " << r.family << "\n";
+  o << "variant:    " << r.variant << "\n";
+  o << "parameters: " << r.parameters << " (" << static_cast<double>(r.parameters) / 1e9 << " B)\n";
+  o << "bytes:     ";
+  for (const auto& [dt, b] : r.bytes_by_dtype) o << " " << dt << " " << b << " (" << gib(b) << ")";
+  o << "\n";
+  if (!r.config_json.empty()) {
+    o << "config" << (r.config_inferred ? " (inferred from shapes): " : ":     ") << r.config_json
+      << "\n";
+  }
+  if (r.problems.empty()) {
+    o << "problems:   none\n";
+  } else {
+    o << "problems:   " << r.problems.size() << "\n";
+    for (const std::string& p : r.problems) o << "  - " << p << "\n";
+  }
+  return o.str();
+}
+
+}  // namespace flowkv

@@ -1,0 +1,22 @@
+#include "flowkv/runtime.h"
+
+#include "core/parallel.h"
+#include "ops/cpu/row_kernels.h"
+#include "ops/peak.h"
+
+namespace flowkv {
+
+void set_threads(int n) {
+  set_num_threads(n);
+}
+int threads() {
+  return num_threads();
+}
+std::string simd_target() {
+  return ops::cpu::simd_target_name();
+}
+double measure_peak_gflops(int threads) {
+  return ops::measure_f32_peak_gflops(threads);
+}
+
+}  // namespace flowkv

@@ -1,0 +1,16 @@
+// One function per subcommand: registers it on the app with its options and its callback.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <functional>
+
+namespace flowkv::cli {
+
+void add_inspect(CLI::App& app);
+void add_forward(CLI::App& app);
+void add_export(CLI::App& app);
+
+// Runs a command body: prints "error: ..." for a flowkv::Error and exits with status 2.
+int guarded(const std::function<int()>& body);
+
+}  // namespace flowkv::cli

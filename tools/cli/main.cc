@@ -1,0 +1,29 @@
+// flowkv command line. Uses the public API (include/flowkv) only.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <iostream>
+
+#include "commands.h"
+#include "flowkv/error.h"
+#include "flowkv/runtime.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "flowkv: runs flow-matching diffusion transformers (FLUX.2 Klein, Qwen-Image) on the CPU\n"
+      "and makes them fast with exact conditioning KV caches.\n"};
+  app.require_subcommand(1);
+  app.fallthrough();  // global options may also follow the subcommand
+  app.add_option_function<int>(
+         "--threads", [](int n) { flowkv::set_threads(n); },
+         "threads for all kernels (default: every core); results do not depend on it")
+      ->check(CLI::NonNegativeNumber);
+  flowkv::cli::add_inspect(app);
+  flowkv::cli::add_forward(app);
+  flowkv::cli::add_export(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  return 0;
+}
