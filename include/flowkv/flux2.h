@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "flowkv/tensor.h"
+#include "flowkv/workspace.h"
 
 namespace flowkv {
 
@@ -22,6 +23,15 @@ struct Flux2Call {
   Tensor txt_ids;   // [L, 4]
   Tensor timestep;  // [B]   sigma in [0, 1]
   Tensor guidance;  // [B] or undefined
+};
+
+// Where one forward's time went (filled when passed to forward).
+struct ForwardProfile {
+  double seconds = 0;            // the whole forward
+  double linear_seconds = 0;     // every linear layer
+  double linear_flops = 0;       // 2*M*N*K summed
+  double attention_seconds = 0;  // every attention call
+  double attention_flops = 0;    // 4*head_dim per allowed query-key pair, summed
 };
 
 class Flux2Transformer {
@@ -49,7 +59,9 @@ class Flux2Transformer {
   int64_t layers() const;  // double + single blocks
 
   // The velocity for the target tokens: [B, N, out_channels].
-  Tensor forward(const Flux2Call& call) const;
+  // `ws`: reuse one across calls to keep the heap out of the loop (a fresh one otherwise).
+  Tensor forward(const Flux2Call& call, ForwardProfile* profile = nullptr,
+                 Workspace* ws = nullptr) const;
 
   struct Impl;
   const Impl& impl() const { return *impl_; }

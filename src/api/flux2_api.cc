@@ -1,6 +1,8 @@
+#include <chrono>
 #include <cstring>
 
 #include "api/flux2_impl.h"
+#include "core/arena.h"
 #include "flowkv/error.h"
 #include "io/checkpoint.h"
 #include "models/flux2/builtin.h"
@@ -101,7 +103,8 @@ int64_t Flux2Transformer::layers() const {
   return impl_->model.config().num_blocks();
 }
 
-Tensor Flux2Transformer::forward(const Flux2Call& call) const {
+Tensor Flux2Transformer::forward(const Flux2Call& call, ForwardProfile* profile,
+                                 Workspace* ws) const {
   const flux2::Config& c = impl_->model.config();
   auto need = [](const Tensor& t, int ndim, const char* what) {
     FLOWKV_CHECK(t.defined() && t.ndim() == ndim && t.dtype() == DType::kF32, what,
@@ -140,8 +143,18 @@ Tensor Flux2Transformer::forward(const Flux2Call& call) const {
   a.timestep = call.timestep.f32();
   a.guidance = call.guidance.defined() ? call.guidance.f32() : nullptr;
   a.out = out.f32();
-  Arena arena;
-  impl_->model.forward({&arena}, a);
+  Workspace local;
+  Arena& arena = (ws ? *ws : local).arena();
+  Profile prof;
+  const auto t0 = std::chrono::steady_clock::now();
+  impl_->model.forward({&arena, KernelPath::kFast, nullptr, profile ? &prof : nullptr}, a);
+  if (profile) {
+    profile->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    profile->linear_seconds = prof.linear.seconds;
+    profile->linear_flops = prof.linear.flops;
+    profile->attention_seconds = prof.attention.seconds;
+    profile->attention_flops = prof.attention.flops;
+  }
   return out;
 }
 

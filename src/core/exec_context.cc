@@ -1,8 +1,25 @@
 #include "core/exec_context.h"
 
+#include <chrono>
 #include <cstring>
 
 namespace flowkv {
+
+namespace {
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+ScopedOpTimer::ScopedOpTimer(OpTotals* totals, double flops)
+    : totals_(totals), flops_(flops), start_(totals ? now_seconds() : 0) {}
+
+ScopedOpTimer::~ScopedOpTimer() {
+  if (!totals_) return;
+  totals_->seconds += now_seconds() - start_;
+  totals_->flops += flops_;
+  ++totals_->calls;
+}
 
 void trace_parts(const ExecContext& ctx, std::string_view name, int64_t batch,
                  std::initializer_list<TracePart> parts, int64_t heads) {

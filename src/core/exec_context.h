@@ -23,10 +23,36 @@ class Tracer {
   virtual void record(std::string_view name, const Tensor& value) = 0;
 };
 
+// Time and work of the heavy ops, accumulated when a forward is profiled.
+struct OpTotals {
+  double seconds = 0;
+  double flops = 0;
+  int64_t calls = 0;
+};
+struct Profile {
+  OpTotals linear;     // every Linear::forward (2*M*N*K FLOPs)
+  OpTotals attention;  // every attention call (4*head_dim FLOPs per allowed query-key pair)
+};
+
 struct ExecContext {
   Arena* arena = nullptr;
   KernelPath kernels = KernelPath::kFast;
   Tracer* tracer = nullptr;
+  Profile* profile = nullptr;
+};
+
+// Adds the lifetime of this object to `totals` (when profiling).
+class ScopedOpTimer {
+ public:
+  ScopedOpTimer(OpTotals* totals, double flops);
+  ~ScopedOpTimer();
+  ScopedOpTimer(const ScopedOpTimer&) = delete;
+  ScopedOpTimer& operator=(const ScopedOpTimer&) = delete;
+
+ private:
+  OpTotals* totals_;
+  double flops_;
+  double start_;
 };
 
 // Records the row-wise concatenation of `parts` (each [B*S_i, C]) as one [B, sum S_i, C]

@@ -58,6 +58,9 @@ struct AttnShape {
 void attention(const ExecContext& ctx, const AttnShape& shape, Mat q,
                std::span<const KVSource> sources, Mat out);
 
+// 4 * head_dim FLOPs per allowed (query, key) pair, over heads and batch (key masks ignored).
+double attention_flops(const AttnShape& shape, std::span<const KVSource> sources);
+
 namespace ref {
 void attention(const AttnShape& shape, Mat q, std::span<const KVSource> sources, Mat out);
 }

@@ -1,8 +1,9 @@
 // Linear layer y = x · Wᵀ (no bias; FLUX.2 and Qwen-Image-2.1 have none), through oneDNN matmul.
 //
-// Weights are reordered once at load into the layout oneDNN asks for. The output is computed in
-// row tiles chosen from the shape alone, each by a single-threaded oneDNN call, spread over the
-// threads: every output element is reduced in the same order whatever the thread count.
+// Weights are reordered once at load into the layout oneDNN asks for, in column chunks. The
+// output is computed in tiles (rows x chunks) chosen from the shape alone, each by a
+// single-threaded oneDNN call, spread over the threads: every output element is reduced in the
+// same order whatever the thread count.
 //
 // Compute types: F32 weights (f32 x f32 -> f32), or BF16 weights (activations rounded to bf16,
 // bf16 x bf16 -> f32 accumulate), as diffusers computes with bf16 checkpoints.
@@ -38,15 +39,18 @@ class Linear {
   void forward(const ExecContext& ctx, Mat x, Mat y) const;
 
  private:
-  struct Packed;  // the weights in oneDNN's layout
+  struct Packed;  // one column chunk of the weights in oneDNN's layout
   void build(const float* w, int64_t n, int64_t k, DType compute, bool keep_plain);
   void forward_reference(Mat x, Mat y) const;
 
   int64_t n_ = 0, k_ = 0;
   DType compute_ = DType::kF32;
-  std::shared_ptr<Packed> packed_;
+  std::vector<std::shared_ptr<Packed>> chunks_;
   std::shared_ptr<std::vector<float>> plain_;  // [N, K] f32 values, for the reference path
 };
+
+// Whether oneDNN multiplies bf16 natively on this CPU.
+bool native_bf16_gemm();
 
 // The GEMM tile a Linear of this shape uses (exposed for the benchmark and tests).
 struct GemmTiles {

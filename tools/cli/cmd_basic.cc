@@ -9,6 +9,7 @@
 #include "flowkv/flux2.h"
 #include "flowkv/inspect.h"
 #include "flowkv/runtime.h"
+#include "inputs.h"
 
 namespace flowkv::cli {
 
@@ -24,8 +25,6 @@ int guarded(const std::function<int()>& body) {
   }
 }
 
-namespace {
-
 uint64_t fnv1a(const void* p, size_t n) {
   uint64_t h = 1469598103934665603ull;
   const auto* b = static_cast<const unsigned char*>(p);
@@ -33,7 +32,6 @@ uint64_t fnv1a(const void* p, size_t n) {
   return h;
 }
 
-// Deterministic inputs for a forward: an h x w latent grid and `text` text tokens.
 Flux2Call demo_call(const Flux2Transformer& m, int64_t h, int64_t w, int64_t text, uint64_t seed) {
   Flux2Call c;
   const int64_t n = h * w;
@@ -58,8 +56,6 @@ Flux2Call demo_call(const Flux2Transformer& m, int64_t h, int64_t w, int64_t tex
   for (int64_t l = 0; l < text; ++l) c.txt_ids.f32()[l * 4 + 3] = static_cast<float>(l);
   return c;
 }
-
-}  // namespace
 
 void add_inspect(CLI::App& app) {
   auto* cmd = app.add_subcommand(

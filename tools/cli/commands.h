@@ -9,6 +9,7 @@ namespace flowkv::cli {
 void add_inspect(CLI::App& app);
 void add_forward(CLI::App& app);
 void add_export(CLI::App& app);
+void add_bench_forward(CLI::App& app);
 
 // Runs a command body: prints "error: ..." for a flowkv::Error and exits with status 2.
 int guarded(const std::function<int()>& body);

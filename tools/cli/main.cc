@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   flowkv::cli::add_inspect(app);
   flowkv::cli::add_forward(app);
   flowkv::cli::add_export(app);
+  flowkv::cli::add_bench_forward(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -49,6 +49,13 @@ bool builtin_config(const std::string& name, Config* out) {
     c.attention_head_dim = 32;
     c.joint_attention_dim = 48;
     c.axes_dims_rope = {8, 8, 8, 8};
+  } else if (name == "medium") {  // the forward benchmark's mid-size config
+    c.in_channels = 128;
+    c.num_layers = 2;
+    c.num_single_layers = 6;
+    c.num_attention_heads = 8;
+    c.attention_head_dim = 128;
+    c.joint_attention_dim = 3072;
   } else if (name == "small") {
     c.in_channels = 128;
     c.num_layers = 2;

@@ -11,8 +11,9 @@
 
 namespace flowkv::flux2 {
 
-// "tiny" (a few blocks of width 64, for tests and the quick main job) and "small" (the
-// benchmark default: Klein-9B-KV-shaped, width 512 = 4 heads x 128, 2 double + 6 single blocks).
+// "tiny" (a few blocks of width 64, for tests and the quick main job), "small" (the
+// benchmark default: Klein-9B-KV-shaped, width 512 = 4 heads x 128, 2 double + 6 single
+// blocks) and "medium" (width 1024 = 8 heads x 128, 2 double + 6 single: the forward benchmark).
 bool builtin_config(const std::string& name, Config* out);
 std::vector<std::string> builtin_names();
 

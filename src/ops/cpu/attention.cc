@@ -1,6 +1,7 @@
 // Attention driver: packs each source per (batch element, head) once, then runs query tiles
 // in parallel. Tiles and key blocks are fixed by the shapes, so results do not depend on the
 // thread count.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -15,6 +16,20 @@ constexpr int64_t kQueryTile = 64;
 constexpr int64_t kMaxSources = 16;
 }  // namespace
 
+double attention_flops(const AttnShape& s, std::span<const KVSource> sources) {
+  double pairs = 0;  // allowed (query, key) pairs per batch element and head (masks ignored)
+  for (const KVSource& src : sources) {
+    if (!src.causal) {
+      pairs += double(s.seq_q) * double(src.len);
+      continue;
+    }
+    for (int64_t i = 0; i < s.seq_q; ++i) {
+      pairs += double(std::clamp<int64_t>(i + src.causal_offset + 1, 0, src.len));
+    }
+  }
+  return 4.0 * double(s.head_dim) * double(s.heads) * double(s.batch) * pairs;
+}
+
 void attention(const ExecContext& ctx, const AttnShape& s, Mat q, std::span<const KVSource> sources,
                Mat out) {
   FLOWKV_CHECK(q.cols == s.heads * s.head_dim && out.cols == q.cols &&
@@ -25,6 +40,8 @@ void attention(const ExecContext& ctx, const AttnShape& s, Mat q, std::span<cons
   if (ctx.kernels == KernelPath::kReference || s.head_dim % kern.lanes != 0 || !ctx.arena) {
     return ref::attention(s, q, sources, out);
   }
+  ScopedOpTimer timer(ctx.profile ? &ctx.profile->attention : nullptr,
+                      ctx.profile ? attention_flops(s, sources) : 0.0);
   Arena& ws = *ctx.arena;
   ArenaScope scope(ws);
   const int64_t hd = s.head_dim, bk = kern.key_block;

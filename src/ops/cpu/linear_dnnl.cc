@@ -82,8 +82,9 @@ constexpr int64_t kPackRows = 256;  // the M the weight layout is chosen for
 
 }  // namespace
 
-struct Linear::Packed {
-  memory::desc wei;  // the layout oneDNN chose
+struct Linear::Packed {  // one column chunk of the weights, in the layout oneDNN chose
+  int64_t n0 = 0, n = 0;
+  memory::desc wei;
   std::vector<std::byte> data;
 };
 
@@ -115,16 +116,19 @@ const Prim& get_prim(const PrimKey& key, const memory::desc& wei) {
 
 }  // namespace
 
+bool native_bf16_gemm() {
+  return native_bf16();
+}
+
 GemmTiles gemm_tiles(int64_t m, int64_t n, int64_t k) {
-  // Whole rows of output per task (one oneDNN call streams its rows past all the weights), the
-  // rows split into kTasks tiles of at least kMinRows. Measured here against one oneDNN call
-  // over all threads: splitting columns as well, or into more tiles, cost 5-15%; this split
-  // costs 0-8%. Fixed by the shape alone, never by the thread count.
+  // A 2 x 2 grid (2 x 1 below 2048 output columns), fixed by the shape alone. Measured here
+  // (2 cores, AVX2) against one oneDNN call over both threads on FLUX.2 shapes: 2 or 4 such
+  // tiles run at 92-102% of it; 4 row tiles lost 5-12% (every tile repacks all the weights).
   (void)k;
-  constexpr int64_t kTasks = 4, kMinRows = 64;
-  int64_t rows = (m + kTasks - 1) / kTasks;
-  rows = std::max(kMinRows, (rows + 15) / 16 * 16);
-  return {std::min(m, rows), n};
+  constexpr int64_t kSplitColumnsFrom = 2048, kMinRows = 64;
+  const int64_t cols = n >= kSplitColumnsFrom ? (n + 1) / 2 : n;
+  const int64_t rows = m >= 2 * kMinRows ? (m + 1) / 2 : m;
+  return {rows, cols};
 }
 
 Linear::Linear(const Tensor& w, DType compute, bool keep_plain) {
@@ -168,7 +172,7 @@ void Linear::build(const float* w, int64_t n, int64_t k, DType compute, bool kee
   n_ = n;
   k_ = k;
   compute_ = compute;
-  packed_.reset();
+  chunks_.clear();
   std::vector<float> rounded;
   if (compute == DType::kBF16) {  // the weights as bf16 holds them (a no-op for bf16 files)
     rounded.assign(w, w + n * k);
@@ -179,26 +183,35 @@ void Linear::build(const float* w, int64_t n, int64_t k, DType compute, bool kee
   if (n == 0) return;
   auto& eng = cpu_engine();
   const DT dt = gemm_type(compute);
-  // Ask oneDNN which weight layout it wants, then reorder into it once.
-  memory::desc src({kPackRows, k}, dt, Tag::ab);
-  memory::desc wei_any({k, n}, dt, Tag::any);
-  memory::desc dst({kPackRows, n}, DT::f32, Tag::ab);
-  dnnl::primitive_attr attr;
-  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src, wei_any, dst), attr, eng);
-  packed_ = std::make_shared<Packed>();
-  packed_->wei = pd.weights_desc();
-  packed_->data.resize(packed_->wei.get_size());
-  // W [N, K] row-major is the [K, N] matrix Wᵀ with strides {1, K}.
-  memory plain_mem(memory::desc({k, n}, DT::f32, memory::dims{1, k}), eng, const_cast<float*>(w));
-  memory packed_mem(packed_->wei, eng, packed_->data.data());
-  dnnl::stream s(eng);
-  dnnl::reorder(plain_mem, packed_mem).execute(s, plain_mem, packed_mem);
-  s.wait();
+  const int64_t chunk = gemm_tiles(kPackRows, n, k).cols;
+  for (int64_t n0 = 0; n0 < n; n0 += chunk) {
+    auto c = std::make_shared<Packed>();
+    c->n0 = n0;
+    c->n = std::min(chunk, n - n0);
+    // Ask oneDNN which weight layout it wants for this chunk, then reorder into it once.
+    memory::desc src({kPackRows, k}, dt, Tag::ab);
+    memory::desc wei_any({k, c->n}, dt, Tag::any);
+    memory::desc dst({kPackRows, c->n}, DT::f32, Tag::ab);
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src, wei_any, dst), attr, eng);
+    c->wei = pd.weights_desc();
+    c->data.resize(c->wei.get_size());
+    // Rows [n0, n0+n) of W [N, K] are the [K, n] matrix Wᵀ with strides {1, K}.
+    memory plain(memory::desc({k, c->n}, DT::f32, memory::dims{1, k}), eng,
+                 const_cast<float*>(w + n0 * k));
+    memory packed(c->wei, eng, c->data.data());
+    dnnl::stream s(eng);
+    dnnl::reorder(plain, packed).execute(s, plain, packed);
+    s.wait();
+    chunks_.push_back(std::move(c));
+  }
 }
 
 int64_t Linear::packed_bytes() const {
-  return packed_ ? static_cast<int64_t>(packed_->data.size()) : 0;
+  int64_t b = 0;
+  for (const auto& c : chunks_) b += static_cast<int64_t>(c->data.size());
+  return b;
 }
 
 void Linear::forward_reference(Mat x, Mat y) const {
@@ -224,6 +237,8 @@ void Linear::forward(const ExecContext& ctx, Mat x, Mat y) const {
   if (x.rows == 0) return;
   if (ctx.kernels == KernelPath::kReference) return forward_reference(x, y);
   const int64_t m = x.rows;
+  ScopedOpTimer timer(ctx.profile ? &ctx.profile->linear : nullptr, 2.0 * double(m) * n_ * k_);
+
   // BF16: round the activations once into a packed copy (bf16, or bf16 values held in f32).
   const void* src = x.data;
   int64_t lda = x.stride;
@@ -243,21 +258,28 @@ void Linear::forward(const ExecContext& ctx, Mat x, Mat y) const {
     lda = k_;
   }
   const GemmTiles t = gemm_tiles(m, n_, k_);
-  const int64_t tiles = (m + t.rows - 1) / t.rows;
-  // Fetch (or create) both primitives before going parallel: full tiles and the last tile.
-  const PrimKey full{t.rows, n_, k_, lda, y.stride, compute_};
-  const PrimKey last{m - (tiles - 1) * t.rows, n_, k_, lda, y.stride, compute_};
-  const Prim* p_full = tiles > 1 ? &get_prim(full, packed_->wei) : nullptr;
-  const Prim* p_last = &get_prim(last, packed_->wei);
+  const int64_t row_tiles = (m + t.rows - 1) / t.rows;
+  const int64_t col_tiles = static_cast<int64_t>(chunks_.size());
+  // Fetch (or create) every primitive before going parallel: per chunk, full and last rows.
+  std::vector<const Prim*> prims(static_cast<size_t>(2 * col_tiles), nullptr);
+  const int64_t last_rows = m - (row_tiles - 1) * t.rows;
+  for (int64_t c = 0; c < col_tiles; ++c) {
+    const Packed& ch = *chunks_[static_cast<size_t>(c)];
+    if (row_tiles > 1)
+      prims[2 * c] = &get_prim({t.rows, ch.n, k_, lda, y.stride, compute_}, ch.wei);
+    prims[2 * c + 1] = &get_prim({last_rows, ch.n, k_, lda, y.stride, compute_}, ch.wei);
+  }
   const int64_t elem = bf16_gemm ? 2 : 4;
-  parallel_for(tiles, [&](int64_t tile) {
-    const Prim& p = tile == tiles - 1 ? *p_last : *p_full;
+  parallel_for(row_tiles * col_tiles, [&](int64_t task) {
+    const int64_t rt = task / col_tiles, ct = task % col_tiles;
+    const Packed& ch = *chunks_[static_cast<size_t>(ct)];
+    const Prim& p = *prims[2 * ct + (rt == row_tiles - 1 ? 1 : 0)];
     auto& eng = cpu_engine();
-    const int64_t r0 = tile * t.rows;
+    const int64_t r0 = rt * t.rows;
     memory a(p.src, eng,
              const_cast<std::byte*>(static_cast<const std::byte*>(src) + r0 * lda * elem));
-    memory b(p.wei, eng, packed_->data.data());
-    memory c(p.dst, eng, y.data + r0 * y.stride);
+    memory b(p.wei, eng, const_cast<std::byte*>(ch.data.data()));
+    memory c(p.dst, eng, y.data + r0 * y.stride + ch.n0);
     std::unordered_map<int, memory> args = {
         {DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}};
     if (p.scratch > 0) {
