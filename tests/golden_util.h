@@ -50,9 +50,9 @@ inline void expect_matches_dump(const std::map<std::string, Tensor>& got,
   for (const std::string& name : order) {
     if (name.rfind(prefix, 0) != 0) continue;
     auto ref = dump.find(name);
-    ASSERT_NE(ref, dump.end()) << name;
+    ASSERT_TRUE(ref != dump.end()) << name;
     auto it = got.find(name);
-    ASSERT_NE(it, got.end()) << "flowkv did not trace " << name;
+    ASSERT_TRUE(it != got.end()) << "flowkv did not trace " << name;
     ASSERT_EQ(it->second.shape(), ref->second.shape())
         << name << ": shape " << shape_str(it->second.shape()) << " vs reference "
         << shape_str(ref->second.shape());

@@ -1,0 +1,55 @@
+// The one FLOP and memory model (spec kv-cost-model.md), used by `flowkv predict`, the
+// benchmark's predicted column and the docs.
+//
+// Per layer and token through the linear layers: 2 * (4 d^2 + 3 F d) FLOPs (q, k, v, out; a
+// SwiGLU MLP of hidden F: 2F*d in, F*d out), i.e. 2 * 13 d^2 when F = 3d. A FLUX.2 double block
+// runs each token through its own stream's weights, so it costs the same per token. Attention:
+// 4 d FLOPs per allowed query-key pair per layer. Norms, RoPE, modulation and embedders are
+// ignored (small at these widths).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "cache/layout.h"
+
+namespace flowkv::cost {
+
+struct ModelShape {
+  int64_t width = 0;       // d
+  int64_t layers = 0;      // blocks whose K/V are cached (FLUX.2: double + single)
+  int64_t mlp_hidden = 0;  // F
+  int64_t kv_bytes_per_element = 2;
+  double linear_flops_per_token_layer() const {
+    return 2.0 * (4.0 * double(width) * double(width) + 3.0 * double(mlp_hidden) * double(width));
+  }
+};
+
+struct SegmentCost {
+  std::string name;
+  int64_t tokens = 0;
+  bool live = true;  // computed this step (false: read from its memory)
+  double linear = 0;
+  double attention = 0;  // of this segment's queries
+};
+
+struct StepCost {
+  std::vector<SegmentCost> segments;
+  double linear = 0, attention = 0;
+  double total() const { return linear + attention; }
+};
+
+// One step's FLOPs with `cached` segments read from memory (not computed, still read as keys).
+StepCost step_cost(const ModelShape& m, const TokenLayout& layout, const std::vector<bool>& cached);
+
+// Allowed (query, key) pairs of the live queries.
+double attention_pairs(const TokenLayout& layout, const std::vector<bool>& cached);
+
+// Over n steps, only the first pays the full price (prefill): n*F / (F + (n-1)*C), where the
+// uncached baseline pays F at every step.
+double predicted_speedup(double uncached_step, double cached_step, int steps);
+
+// 2 (K and V) x layers x tokens x d x bytes per element x CFG branches.
+int64_t kv_payload_bytes(const ModelShape& m, int64_t cached_tokens, int branches = 1);
+
+}  // namespace flowkv::cost
