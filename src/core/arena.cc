@@ -1,6 +1,8 @@
 #include "core/arena.h"
 
+#include <sys/mman.h>
 #include <algorithm>
+
 #include <cstdlib>
 
 #include "flowkv/error.h"
@@ -11,6 +13,10 @@ namespace {
 constexpr size_t kAlign = 64;
 constexpr size_t kMinBlock = size_t{16} << 20;
 }  // namespace
+
+void detail::Unmap::operator()(std::byte* p) const {
+  munmap(p, size);
+}
 
 void* Arena::bytes(int64_t n) {
   FLOWKV_CHECK(n >= 0, "arena: negative allocation");
@@ -27,10 +33,12 @@ void* Arena::bytes(int64_t n) {
     offset_ = 0;
   }
   const size_t size = std::max(kMinBlock, need);
-  auto* raw = static_cast<std::byte*>(std::aligned_alloc(kAlign, size));
-  if (!raw) fail("out of memory: the workspace needs another ", size, " bytes");
+  // Mapped directly (64-byte aligned, as pages are): released to the system when the arena goes.
+  void* raw = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == MAP_FAILED) fail("out of memory: the workspace needs another ", size, " bytes");
   Block b;
-  b.data = {raw, [](std::byte* p) { std::free(p); }};
+  b.data = std::unique_ptr<std::byte[], detail::Unmap>(static_cast<std::byte*>(raw),
+                                                       detail::Unmap{size});
   b.size = size;
   blocks_.push_back(std::move(b));
   ++grow_count_;

@@ -11,6 +11,13 @@
 
 namespace flowkv {
 
+namespace detail {
+struct Unmap {  // deleter of a block mapped with mmap
+  size_t size;
+  void operator()(std::byte* p) const;
+};
+}  // namespace detail
+
 class Arena {
  public:
   Arena() = default;
@@ -37,7 +44,7 @@ class Arena {
 
  private:
   struct Block {
-    std::unique_ptr<std::byte[], void (*)(std::byte*)> data{nullptr, nullptr};
+    std::unique_ptr<std::byte[], detail::Unmap> data;
     size_t size = 0;
   };
   std::vector<Block> blocks_;

@@ -1,5 +1,7 @@
 #include "flowkv/tensor.h"
 
+#include <sys/mman.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -47,8 +49,17 @@ uint16_t f32_to_f16(float f) {
 }
 
 namespace {
+// Large blocks (weights, KV memories) are mapped directly, so freeing one returns its pages to
+// the system at once: peak-memory figures then show what is alive, not what malloc kept.
+constexpr size_t kMapFrom = size_t{1} << 20;
+
 std::shared_ptr<void> aligned_block(int64_t bytes) {
   const size_t n = static_cast<size_t>((bytes + 63) / 64 * 64);
+  if (n >= kMapFrom) {
+    void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) fail("out of memory allocating ", bytes, " bytes");
+    return std::shared_ptr<void>(p, [n](void* q) { munmap(q, n); });
+  }
   void* p = std::aligned_alloc(64, n == 0 ? 64 : n);
   if (!p) fail("out of memory allocating ", bytes, " bytes");
   return std::shared_ptr<void>(p, [](void* q) { std::free(q); });

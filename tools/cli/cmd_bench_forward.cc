@@ -9,15 +9,11 @@
 #include "flowkv/flux2.h"
 #include "flowkv/runtime.h"
 #include "inputs.h"
+#include "measure.h"
 
 namespace flowkv::cli {
 
 namespace {
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 struct Row {
   std::vector<double> total, linear_s, attn_s;

@@ -10,6 +10,8 @@ void add_inspect(CLI::App& app);
 void add_forward(CLI::App& app);
 void add_export(CLI::App& app);
 void add_bench_forward(CLI::App& app);
+void add_predict(CLI::App& app);
+void add_bench(CLI::App& app);
 
 // Runs a command body: prints "error: ..." for a flowkv::Error and exits with status 2.
 int guarded(const std::function<int()>& body);

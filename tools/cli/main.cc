@@ -21,6 +21,8 @@ int main(int argc, char** argv) {
   flowkv::cli::add_forward(app);
   flowkv::cli::add_export(app);
   flowkv::cli::add_bench_forward(app);
+  flowkv::cli::add_predict(app);
+  flowkv::cli::add_bench(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

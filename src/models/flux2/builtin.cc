@@ -56,13 +56,13 @@ bool builtin_config(const std::string& name, Config* out) {
     c.num_attention_heads = 8;
     c.attention_head_dim = 128;
     c.joint_attention_dim = 3072;
-  } else if (name == "small") {
+  } else if (name == "small") {  // the KV benchmark's default: sized for minutes on 2 cores
     c.in_channels = 128;
     c.num_layers = 2;
     c.num_single_layers = 6;
-    c.num_attention_heads = 4;
+    c.num_attention_heads = 3;
     c.attention_head_dim = 128;
-    c.joint_attention_dim = 1536;
+    c.joint_attention_dim = 1152;
   } else {
     return false;
   }

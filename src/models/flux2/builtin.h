@@ -11,9 +11,10 @@
 
 namespace flowkv::flux2 {
 
-// "tiny" (a few blocks of width 64, for tests and the quick main job), "small" (the
-// benchmark default: Klein-9B-KV-shaped, width 512 = 4 heads x 128, 2 double + 6 single
-// blocks) and "medium" (width 1024 = 8 heads x 128, 2 double + 6 single: the forward benchmark).
+// "tiny" (width 64, 1 double + 2 single blocks: tests and quick runs), "small" (the KV
+// benchmark's default: Klein-9B-KV-shaped - in_channels 128, head_dim 128, text width 3d - at
+// width 384 = 3 heads, 2 double + 6 single blocks) and "medium" (width 1024 = 8 heads, 2 double
+// + 6 single: the forward benchmark).
 bool builtin_config(const std::string& name, Config* out);
 std::vector<std::string> builtin_names();
 

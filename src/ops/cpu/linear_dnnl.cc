@@ -121,14 +121,16 @@ bool native_bf16_gemm() {
 }
 
 GemmTiles gemm_tiles(int64_t m, int64_t n, int64_t k) {
-  // A 2 x 2 grid (2 x 1 below 2048 output columns), fixed by the shape alone. Measured here
-  // (2 cores, AVX2) against one oneDNN call over both threads on FLUX.2 shapes: 2 or 4 such
-  // tiles run at 92-102% of it; 4 row tiles lost 5-12% (every tile repacks all the weights).
+  // Two column chunks (from 256 outputs), rows split in two only from 2,048 rows (or when the
+  // columns cannot split), all fixed by the shape alone. Measured here (2 cores, AVX2) against
+  // one oneDNN call over both threads, on FLUX.2 shapes from 64 to 1,280 rows: two column tiles
+  // run at 93-101% of it; a single tile at half; 4 row tiles lose 5-12% (each repacks all the
+  // weights), 2 x 2 tiles 0-8%.
   (void)k;
-  constexpr int64_t kSplitColumnsFrom = 2048, kMinRows = 64;
-  const int64_t cols = n >= kSplitColumnsFrom ? (n + 1) / 2 : n;
-  const int64_t rows = m >= 2 * kMinRows ? (m + 1) / 2 : m;
-  return {rows, cols};
+  constexpr int64_t kSplitColumnsFrom = 256, kSplitRowsFrom = 2048, kMinRows = 64;
+  const bool split_cols = n >= kSplitColumnsFrom;
+  const bool split_rows = m >= kSplitRowsFrom || (!split_cols && m >= 2 * kMinRows);
+  return {split_rows ? (m + 1) / 2 : m, split_cols ? (n + 1) / 2 : n};
 }
 
 Linear::Linear(const Tensor& w, DType compute, bool keep_plain) {

@@ -1,0 +1,139 @@
+#include <filesystem>
+#include <sstream>
+
+#include "api/flux2_impl.h"
+#include "cost/cost_model.h"
+#include "flowkv/error.h"
+#include "flowkv/predict.h"
+#include "io/checkpoint.h"
+#include "models/flux2/layout.h"
+
+namespace flowkv {
+
+namespace {
+
+flux2::Config resolve_config(const std::string& model, std::string* name) {
+  flux2::Config c;
+  if (flux2::released_config(model, &c)) {
+    *name = flux2::variant_name(c);
+    return c;
+  }
+  FLOWKV_CHECK(std::filesystem::exists(model), "unknown model '", model,
+               "': give a released shape (klein-4b, klein-9b, klein-9b-kv, dev), a config.json, "
+               "or a checkpoint folder");
+  if (std::filesystem::is_regular_file(model) && model.size() > 5 &&
+      model.substr(model.size() - 5) == ".json") {
+    c = flux2::Config::from_json(read_json_file(model), model);
+  } else {
+    const CheckpointScan scan = scan_checkpoint(model);
+    c = scan.config ? flux2::Config::from_json(*scan.config, scan.path + "/config.json")
+                    : flux2::infer_config(scan.tensors);
+  }
+  *name = flux2::variant_name(c);
+  return c;
+}
+
+KVPrediction predict(const flux2::Config& c, const std::string& name, int64_t text, int64_t target,
+                     const std::vector<int64_t>& refs, int steps, bool cfg, int kv_bytes) {
+  FLOWKV_CHECK(steps >= 1, "steps must be at least 1");
+  FLOWKV_CHECK(text > 0 && target > 0, "text and target token counts must be positive");
+  const cost::ModelShape shape = flux2::cost_shape(c, kv_bytes);
+  const TokenLayout layout = flux2::klein_kv_layout(text, refs, target);
+  const CachePlan plan = plan_cache(layout, /*cache_exact=*/true, /*text_kv_approx=*/false);
+  const std::vector<bool> none(layout.segments.size(), false);
+  const cost::StepCost u = cost::step_cost(shape, layout, none);
+  const cost::StepCost k = cost::step_cost(shape, layout, plan.cached);
+  KVPrediction p;
+  p.model = name;
+  p.width = shape.width;
+  p.layers = shape.layers;
+  p.steps = steps;
+  p.branches = cfg ? 2 : 1;
+  p.kv_bytes_per_element = kv_bytes;
+  int64_t cached_tokens = 0;
+  for (size_t i = 0; i < layout.segments.size(); ++i) {
+    SegmentFlops s;
+    s.name = layout.segments[i].name;
+    s.tokens = layout.segments[i].tokens;
+    s.cached = plan.cached[i];
+    s.uncached_flops = p.branches * (u.segments[i].linear + u.segments[i].attention);
+    s.cached_flops = p.branches * (k.segments[i].linear + k.segments[i].attention);
+    if (s.cached) cached_tokens += s.tokens;
+    p.segments.push_back(s);
+  }
+  p.uncached_step_flops = p.branches * u.total();
+  p.cached_step_flops = p.branches * k.total();
+  p.speedup = cost::predicted_speedup(u.total(), k.total(), steps);
+  p.kv_bytes = cost::kv_payload_bytes(shape, cached_tokens, p.branches);
+  return p;
+}
+
+}  // namespace
+
+KVPrediction predict_klein_kv(const PredictRequest& r) {
+  std::string name;
+  const flux2::Config c = resolve_config(r.model, &name);
+  return predict(c, name, r.text_tokens, r.target_tokens, r.ref_tokens, r.steps, r.cfg,
+                 r.kv_bytes_per_element);
+}
+
+KVPrediction predict_klein_kv(const Flux2Transformer& m, int64_t text, int64_t target,
+                              const std::vector<int64_t>& refs, int steps) {
+  const flux2::Model& model = m.impl().model;
+  return predict(model.config(), m.variant(), text, target, refs, steps, false,
+                 static_cast<int>(dtype_size(model.kv_dtype())));
+}
+
+int64_t flux2_tokens_for_pixels(int64_t w, int64_t h) {
+  FLOWKV_CHECK(w >= 16 && h >= 16, "an image must be at least 16x16 pixels, got ", w, "x", h);
+  return (w / 16) * (h / 16);
+}
+
+std::vector<std::string> released_model_names() {
+  return flux2::released_config_names();
+}
+
+std::string format_prediction(const KVPrediction& p) {
+  std::ostringstream o;
+  o.setf(std::ios::fixed);
+  auto tflop = [](double f) {
+    std::ostringstream s;
+    s.setf(std::ios::fixed);
+    s.precision(f >= 1e12 ? 1 : 4);
+    s << f / 1e12 << " TFLOP";
+    return s.str();
+  };
+  const double gib = double(int64_t{1} << 30);
+  o << "model:      " << p.model << " (width " << p.width << ", " << p.layers << " layers)\n";
+  if (p.branches > 1)
+    o << "guidance:   classifier-free, 2 branches (two caches, twice the compute)\n";
+  o << "\nper step                tokens    uncached        cached\n";
+  for (const SegmentFlops& s : p.segments) {
+    o << "  " << s.name << std::string(s.name.size() < 20 ? 20 - s.name.size() : 1, ' ');
+    o.width(8);
+    o << s.tokens << "  ";
+    o.width(14);
+    o << tflop(s.uncached_flops) << "  ";
+    o.width(14);
+    o << (s.cached ? std::string("(from cache)") : tflop(s.cached_flops)) << "\n";
+  }
+  o << "  total                         ";
+  o.width(14);
+  o << tflop(p.uncached_step_flops) << "  ";
+  o.width(14);
+  o << tflop(p.cached_step_flops) << "\n\n";
+  o.precision(3);
+  o << "over " << p.steps << " step" << (p.steps == 1 ? "" : "s")
+    << " (step 0 computes and stores the references): predicted speedup " << p.speedup
+    << "x, saving ";
+  o.precision(1);
+  o << 100 * p.saving() << "%\n";
+  o.precision(3);
+  o << "KV payload: " << p.kv_bytes << " bytes = " << p.kv_bytes / gib << " GiB ("
+    << p.kv_bytes_per_element << " bytes per element";
+  if (p.branches > 1) o << ", both branches";
+  o << ")\n";
+  return o.str();
+}
+
+}  // namespace flowkv

@@ -1,0 +1,291 @@
+// bench: the exact reference KV cache against the uncached baseline (the same network and
+// rules, references recomputed every step), side by side in one run, with the cost model's
+// prediction, output hashes, KV bytes and peak memory.
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "flowkv/error.h"
+#include "flowkv/klein_kv.h"
+#include "flowkv/predict.h"
+#include "flowkv/runtime.h"
+#include "inputs.h"
+#include "measure.h"
+
+namespace flowkv::cli {
+
+namespace {
+
+struct Opts {
+  std::string model, builtin = "small", dtype = "auto", steps = "4,8,28", refs = "1,2,3";
+  std::string grid = "16x16", ref_grid = "16x16", json, kv_budget;
+  int64_t text = 64;
+  int runs = 5;
+  uint64_t seed = 0;
+};
+
+struct ModeStats {
+  std::vector<double> transformer, loop;
+  int64_t peak_rss = -1;
+  uint64_t hash = 0;
+  bool deterministic = true;  // the same hash in every run
+  int64_t kv_bytes = 0;
+};
+
+struct Cell {
+  int steps = 0, refs = 0;
+  ModeStats cached, recompute;
+  KVPrediction pred;
+  // Median of the ratios of runs taken back to back: slow drift of a shared machine cancels.
+  static double paired_speedup(const std::vector<double>& slow, const std::vector<double>& fast) {
+    std::vector<double> r;
+    for (size_t i = 0; i < slow.size() && i < fast.size(); ++i) r.push_back(slow[i] / fast[i]);
+    return median(r);
+  }
+  double speedup() const { return paired_speedup(recompute.transformer, cached.transformer); }
+  double loop_speedup() const { return paired_speedup(recompute.loop, cached.loop); }
+  static double points(double predicted, double measured) {
+    return 100.0 * ((1 - 1 / predicted) - (1 - 1 / measured));
+  }
+};
+
+std::pair<int64_t, int64_t> parse_grid(const std::string& s, const char* what) {
+  int64_t h = 0, w = 0;
+  FLOWKV_CHECK(std::sscanf(s.c_str(), "%ldx%ld", &h, &w) == 2 && h > 0 && w > 0, what,
+               " must look like 16x16 (latent tokens), got '", s, "'");
+  return {h, w};
+}
+
+Tensor random_tensor(Shape shape, uint64_t seed) {
+  Tensor t = Tensor::empty(std::move(shape));
+  uint64_t s = seed * 0x9e3779b97f4a7c15ull + 0x632be59bd9b4e019ull;
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+    t.f32()[i] = static_cast<float>(static_cast<double>(s >> 11) * 0x1.0p-52 - 1.0);
+  }
+  return t;
+}
+
+DenoiseInputs make_inputs(const Flux2Transformer& m, const Opts& o, int refs) {
+  const auto [h, w] = parse_grid(o.grid, "--grid");
+  const auto [rh, rw] = parse_grid(o.ref_grid, "--ref-grid");
+  DenoiseInputs in;
+  in.text = random_tensor({1, o.text, m.text_channels()}, o.seed + 1);
+  in.noise = random_tensor({1, h * w, m.in_channels()}, o.seed + 2);
+  in.height = h;
+  in.width = w;
+  for (int i = 0; i < refs; ++i) {
+    in.references.push_back(
+        {random_tensor({1, rh * rw, m.in_channels()}, o.seed + 10 + i), rh, rw});
+  }
+  return in;
+}
+
+void record(ModeStats& s, const DenoiseResult& r, int64_t rss) {
+  s.transformer.push_back(r.transformer_seconds);
+  s.loop.push_back(r.loop_seconds);
+  s.peak_rss = std::max(s.peak_rss, rss);
+  const uint64_t h = fnv1a(r.latents.raw(), static_cast<size_t>(r.latents.nbytes()));
+  if (s.transformer.size() > 1 && h != s.hash) s.deterministic = false;
+  s.hash = h;
+  s.kv_bytes = r.kv_bytes;
+}
+
+Cell run_cell(const Flux2Transformer& m, const Opts& o, int steps, int refs, int64_t budget,
+              Workspace& ws, const std::string& tag) {
+  Cell c;
+  c.steps = steps;
+  c.refs = refs;
+  const DenoiseInputs in = make_inputs(m, o, refs);
+  std::vector<int64_t> ref_tokens;
+  for (const auto& r : in.references) ref_tokens.push_back(r.height * r.width);
+  c.pred = predict_klein_kv(m, o.text, in.height * in.width, ref_tokens, steps);
+  DenoiseOptions cached, recompute;
+  cached.steps = recompute.steps = steps;
+  cached.mode = KVMode::kCached;
+  recompute.mode = KVMode::kRecompute;
+  cached.kv_budget_bytes = budget;
+  (void)kv_bytes_needed(m, in, cached);  // validates; the run itself refuses over budget
+  const int total = 2 * (o.runs + 1);
+  int done = 0;
+  auto one = [&](bool is_cached, bool timed) {
+    progress(tag + " run " + std::to_string(++done) + "/" + std::to_string(total) +
+             (is_cached ? " (cached)" : " (recompute)") + (timed ? "" : " warm-up"));
+    reset_peak_rss();
+    const DenoiseResult r = denoise_klein_kv(m, in, is_cached ? cached : recompute, &ws);
+    if (timed) record(is_cached ? c.cached : c.recompute, r, peak_rss_bytes());
+  };
+  one(true, false);
+  one(false, false);
+  for (int run = 0; run < o.runs; ++run) {  // alternate the order: ABBA...
+    const bool cached_first = run % 2 == 0;
+    one(cached_first, true);
+    one(!cached_first, true);
+  }
+  return c;
+}
+
+std::string mib(int64_t b) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f", static_cast<double>(b) / (1 << 20));
+  return buf;
+}
+
+void print_tables(const std::vector<Cell>& cells) {
+  std::printf("\n%5s %4s | %11s %11s %8s %9s %6s | %11s %11s %8s %6s\n", "steps", "refs",
+              "cached s", "recompute s", "speedup", "predicted", "diff", "loop cach s",
+              "loop reco s", "speedup", "diff");
+  for (const Cell& c : cells) {
+    std::printf("%5d %4d | %11.3f %11.3f %7.3fx %8.3fx %+5.1fp | %11.3f %11.3f %7.3fx %+5.1fp\n",
+                c.steps, c.refs, median(c.cached.transformer), median(c.recompute.transformer),
+                c.speedup(), c.pred.speedup, Cell::points(c.pred.speedup, c.speedup()),
+                median(c.cached.loop), median(c.recompute.loop), c.loop_speedup(),
+                Cell::points(c.pred.speedup, c.loop_speedup()));
+  }
+  std::printf("\n%5s %4s | %10s %10s | %13s %13s %9s %8s | %16s %16s %5s\n", "steps", "refs",
+              "KV MiB", "formula", "peak RSS cach", "peak RSS reco", "diff MiB", "/payload",
+              "hash cached", "hash recompute", "same");
+  for (const Cell& c : cells) {
+    const int64_t d = c.cached.peak_rss - c.recompute.peak_rss;
+    std::printf("%5d %4d | %10s %10s | %13s %13s %9s %7.2fx | %016lx %016lx %5s\n", c.steps, c.refs,
+                mib(c.cached.kv_bytes).c_str(), mib(c.pred.kv_bytes).c_str(),
+                mib(c.cached.peak_rss).c_str(), mib(c.recompute.peak_rss).c_str(), mib(d).c_str(),
+                c.cached.kv_bytes > 0 ? static_cast<double>(d) / c.cached.kv_bytes : 0.0,
+                c.cached.hash, c.recompute.hash,
+                c.cached.hash == c.recompute.hash && c.cached.deterministic ? "yes" : "NO");
+  }
+}
+
+void print_verdicts(const std::vector<Cell>& cells) {
+  int tf_ok = 0, loop_ok = 0, hash_ok = 0, kv_ok = 0, rss_ok = 0;
+  for (const Cell& c : cells) {
+    tf_ok += std::abs(Cell::points(c.pred.speedup, c.speedup())) <= 2.0;
+    loop_ok += std::abs(Cell::points(c.pred.speedup, c.loop_speedup())) <= 4.0;
+    hash_ok += c.cached.hash == c.recompute.hash;
+    kv_ok += c.cached.kv_bytes == c.pred.kv_bytes;
+    rss_ok += c.cached.peak_rss - c.recompute.peak_rss <= c.cached.kv_bytes * 11 / 10;
+  }
+  const int n = static_cast<int>(cells.size());
+  std::printf("\ntargets (cells meeting them / cells):\n");
+  std::printf("  transformer speedup within 2 points of the prediction: %d/%d\n", tf_ok, n);
+  std::printf("  whole-loop speedup within 4 points of the prediction:  %d/%d\n", loop_ok, n);
+  std::printf("  cached and recompute outputs bit-identical:            %d/%d\n", hash_ok, n);
+  std::printf("  KV bytes equal to the payload formula:                 %d/%d\n", kv_ok, n);
+  std::printf("  peak RSS above recompute by at most payload + 10%%:     %d/%d\n", rss_ok, n);
+}
+
+void write_json(const std::string& path, const Flux2Transformer& m, const Opts& o,
+                const std::vector<Cell>& cells) {
+  nlohmann::json j;
+  j["model"] = {{"variant", m.variant()},
+                {"compute_dtype", m.compute_dtype()},
+                {"config", nlohmann::json::parse(m.config_json())}};
+  j["machine"] = {{"threads", threads()}, {"simd", simd_target()}};
+  j["inputs"] = {{"text_tokens", o.text}, {"grid", o.grid}, {"ref_grid", o.ref_grid},
+                 {"runs", o.runs},        {"warmup", 1},    {"order", "alternating"}};
+  for (const Cell& c : cells) {
+    auto mode = [](const ModeStats& s) {
+      return nlohmann::json{{"transformer_seconds_median", median(s.transformer)},
+                            {"loop_seconds_median", median(s.loop)},
+                            {"transformer_seconds", s.transformer},
+                            {"loop_seconds", s.loop},
+                            {"peak_rss_bytes", s.peak_rss},
+                            {"kv_bytes", s.kv_bytes},
+                            {"output_hash", s.hash},
+                            {"deterministic", s.deterministic}};
+    };
+    j["cells"].push_back({{"steps", c.steps},
+                          {"refs", c.refs},
+                          {"cached", mode(c.cached)},
+                          {"recompute", mode(c.recompute)},
+                          {"speedup_transformer", c.speedup()},
+                          {"speedup_loop", c.loop_speedup()},
+                          {"predicted_speedup", c.pred.speedup},
+                          {"diff_points_transformer", Cell::points(c.pred.speedup, c.speedup())},
+                          {"diff_points_loop", Cell::points(c.pred.speedup, c.loop_speedup())},
+                          {"kv_payload_formula_bytes", c.pred.kv_bytes},
+                          {"outputs_identical", c.cached.hash == c.recompute.hash}});
+  }
+  const std::string tmp = path + ".tmp";
+  std::ofstream(tmp) << j.dump(2) << "\n";
+  FLOWKV_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "cannot write ", path);
+}
+
+}  // namespace
+
+void add_bench(CLI::App& app) {
+  auto* cmd = app.add_subcommand(
+      "bench",
+      "The exact reference KV cache of FLUX.2 Klein 9B KV against the uncached baseline (the\n"
+      "same network and rules, references recomputed every step), side by side: per cell\n"
+      "(steps x references), one warm-up and --runs timed runs of each mode in alternating\n"
+      "order; median transformer and whole-loop times, measured and predicted speedup, their\n"
+      "difference in points of saving, output hashes, KV bytes and peak RSS. Without --model it\n"
+      "runs the built-in 'small' model (random weights).");
+  auto* o = new Opts;
+  cmd->add_option("--model", o->model, "checkpoint folder or file (default: a built-in model)");
+  cmd->add_option("--builtin", o->builtin, "built-in model when no --model")->capture_default_str();
+  cmd->add_option("--dtype", o->dtype, "auto, f32 or bf16 (built-in: auto means f32)")
+      ->capture_default_str();
+  cmd->add_option("--steps", o->steps, "step counts, comma-separated")->capture_default_str();
+  cmd->add_option("--refs", o->refs, "reference counts, comma-separated")->capture_default_str();
+  cmd->add_option("--runs", o->runs, "timed runs per mode and cell (at least 1)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--grid", o->grid, "target latent grid HxW (tokens)")->capture_default_str();
+  cmd->add_option("--ref-grid", o->ref_grid, "each reference's latent grid HxW")
+      ->capture_default_str();
+  cmd->add_option("--text-tokens", o->text, "text tokens")->capture_default_str();
+  cmd->add_option("--kv-budget", o->kv_budget, "refuse cells whose cache needs more (e.g. 512M)");
+  cmd->add_option("--json", o->json, "also write the results to this JSON file");
+  cmd->add_option("--seed", o->seed, "seed of the weights and inputs");
+  cmd->callback([o] {
+    std::exit(guarded([&] {
+      const std::vector<int> steps = parse_int_list(o->steps, "--steps");
+      const std::vector<int> refs = parse_int_list(o->refs, "--refs");
+      for (int s : steps) FLOWKV_CHECK(s >= 1, "--steps: every count must be at least 1");
+      const int64_t budget = o->kv_budget.empty() ? -1 : parse_bytes(o->kv_budget);
+      const Flux2Transformer m =
+          o->model.empty() ? Flux2Transformer::builtin(o->builtin, o->seed,
+                                                       o->dtype == "auto" ? "f32" : o->dtype)
+                           : Flux2Transformer::load(o->model, {o->dtype});
+      std::printf(
+          "flowkv bench: exact reference KV cache vs recompute (same network, same rules)\n");
+      std::printf("model:   %s, %s compute\n", m.variant().c_str(), m.compute_dtype().c_str());
+      std::printf("machine: %d threads, %s kernels\n", threads(), simd_target().c_str());
+      std::printf(
+          "inputs:  batch 1, %ld text tokens, target %s tokens, references %s tokens each\n",
+          o->text, o->grid.c_str(), o->ref_grid.c_str());
+      std::printf("runs:    per mode and cell, 1 warm-up + %d timed, alternating; medians\n",
+                  o->runs);
+      std::printf(
+          "speedup: recompute time / cached time; diff: predicted minus measured saving, "
+          "in points\n");
+      std::fflush(stdout);
+      Workspace ws;  // shared by both modes: it grows to the prefill step's size once
+      std::vector<Cell> cells;
+      int index = 0;
+      const int total = static_cast<int>(steps.size() * refs.size());
+      for (int s : steps) {
+        for (int r : refs) {
+          const std::string tag = "[" + std::to_string(++index) + "/" + std::to_string(total) +
+                                  "] steps " + std::to_string(s) + ", refs " + std::to_string(r) +
+                                  ":";
+          cells.push_back(run_cell(m, *o, s, r, budget, ws, tag));
+        }
+      }
+      progress_done();
+      print_tables(cells);
+      print_verdicts(cells);
+      if (!o->json.empty()) {
+        write_json(o->json, m, *o, cells);
+        std::printf("\nwrote %s\n", o->json.c_str());
+      }
+      return 0;
+    }));
+  });
+}
+
+}  // namespace flowkv::cli
