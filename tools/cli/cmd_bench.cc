@@ -261,8 +261,8 @@ void add_bench(CLI::App& app) {
       std::printf("runs:    per mode and cell, 1 warm-up + %d timed, alternating; medians\n",
                   o->runs);
       std::printf(
-          "speedup: recompute time / cached time; diff: predicted minus measured saving, "
-          "in points\n");
+          "speedup: median over back-to-back run pairs of recompute time / cached time\n"
+          "diff:    predicted minus measured saving (saving = 1 - 1/speedup), in points\n");
       std::fflush(stdout);
       Workspace ws;  // shared by both modes: it grows to the prefill step's size once
       std::vector<Cell> cells;
