@@ -24,6 +24,7 @@ struct Opts {
   int64_t text = 64;
   int runs = 5;
   uint64_t seed = 0;
+  bool approx = false;
 };
 
 struct ModeStats {
@@ -32,11 +33,28 @@ struct ModeStats {
   uint64_t hash = 0;
   bool deterministic = true;  // the same hash in every run
   int64_t kv_bytes = 0;
+  Tensor latents;  // the last run's output
 };
+
+// Error of `got` against `ref`: max |difference| and PSNR over the reference's peak.
+struct OutputError {
+  double max_abs = 0, psnr_db = 0;
+};
+OutputError output_error(const Tensor& got, const Tensor& ref) {
+  double peak = 0, sq = 0, mx = 0;
+  for (int64_t i = 0; i < ref.numel(); ++i) {
+    const double d = double(got.f32()[i]) - ref.f32()[i];
+    mx = std::max(mx, std::abs(d));
+    sq += d * d;
+    peak = std::max(peak, std::abs(double(ref.f32()[i])));
+  }
+  const double mse = sq / static_cast<double>(ref.numel());
+  return {mx, mse > 0 ? 10 * std::log10(peak * peak / mse) : INFINITY};
+}
 
 struct Cell {
   int steps = 0, refs = 0;
-  ModeStats cached, recompute;
+  ModeStats cached, recompute, approx;  // approx: text-kv-approx on top of the reference cache
   KVPrediction pred;
   // Median of the ratios of runs taken back to back: slow drift of a shared machine cancels.
   static double paired_speedup(const std::vector<double>& slow, const std::vector<double>& fast) {
@@ -91,6 +109,7 @@ void record(ModeStats& s, const DenoiseResult& r, int64_t rss) {
   if (s.transformer.size() > 1 && h != s.hash) s.deterministic = false;
   s.hash = h;
   s.kv_bytes = r.kv_bytes;
+  s.latents = r.latents;
 }
 
 Cell run_cell(const Flux2Transformer& m, const Opts& o, int steps, int refs, int64_t budget,
@@ -102,27 +121,26 @@ Cell run_cell(const Flux2Transformer& m, const Opts& o, int steps, int refs, int
   std::vector<int64_t> ref_tokens;
   for (const auto& r : in.references) ref_tokens.push_back(r.height * r.width);
   c.pred = predict_klein_kv(m, o.text, in.height * in.width, ref_tokens, steps);
-  DenoiseOptions cached, recompute;
-  cached.steps = recompute.steps = steps;
-  cached.mode = KVMode::kCached;
-  recompute.mode = KVMode::kRecompute;
-  cached.kv_budget_bytes = budget;
-  (void)kv_bytes_needed(m, in, cached);  // validates; the run itself refuses over budget
-  const int total = 2 * (o.runs + 1);
+  enum Mode { kCachedMode, kRecomputeMode, kApproxMode };
+  DenoiseOptions opts[3];
+  for (DenoiseOptions& d : opts) d.steps = steps, d.kv_budget_bytes = budget;
+  opts[kRecomputeMode].mode = KVMode::kRecompute;
+  opts[kApproxMode].text_kv_approx = true;
+  ModeStats* stats[3] = {&c.cached, &c.recompute, &c.approx};
+  const char* names[3] = {"cached", "recompute", "text-kv-approx"};
+  const int modes = o.approx ? 3 : 2;
+  const int total = modes * (o.runs + 1);
   int done = 0;
-  auto one = [&](bool is_cached, bool timed) {
-    progress(tag + " run " + std::to_string(++done) + "/" + std::to_string(total) +
-             (is_cached ? " (cached)" : " (recompute)") + (timed ? "" : " warm-up"));
+  auto one = [&](int mode, bool timed) {
+    progress(tag + " run " + std::to_string(++done) + "/" + std::to_string(total) + " (" +
+             names[mode] + (timed ? ")" : ", warm-up)"));
     reset_peak_rss();
-    const DenoiseResult r = denoise_klein_kv(m, in, is_cached ? cached : recompute, &ws);
-    if (timed) record(is_cached ? c.cached : c.recompute, r, peak_rss_bytes());
+    const DenoiseResult r = denoise_klein_kv(m, in, opts[mode], &ws);
+    if (timed) record(*stats[mode], r, peak_rss_bytes());
   };
-  one(true, false);
-  one(false, false);
-  for (int run = 0; run < o.runs; ++run) {  // alternate the order: ABBA...
-    const bool cached_first = run % 2 == 0;
-    one(cached_first, true);
-    one(!cached_first, true);
+  for (int mode = 0; mode < modes; ++mode) one(mode, false);
+  for (int run = 0; run < o.runs; ++run) {  // rotate the order so no mode always goes first
+    for (int i = 0; i < modes; ++i) one((run % 2 == 0 ? i : modes - 1 - i), true);
   }
   return c;
 }
@@ -155,6 +173,20 @@ void print_tables(const std::vector<Cell>& cells) {
                 c.cached.kv_bytes > 0 ? static_cast<double>(d) / c.cached.kv_bytes : 0.0,
                 c.cached.hash, c.recompute.hash,
                 c.cached.hash == c.recompute.hash && c.cached.deterministic ? "yes" : "NO");
+  }
+}
+
+void print_approx(const std::vector<Cell>& cells) {
+  std::printf(
+      "\ntext-kv-approx (step-0 text K/V reused on top of the reference cache; NOT exact):\n");
+  std::printf("%5s %4s | %11s %11s %8s | %12s %10s\n", "steps", "refs", "approx s", "recompute s",
+              "speedup", "max |error|", "PSNR dB");
+  for (const Cell& c : cells) {
+    const OutputError e = output_error(c.approx.latents, c.recompute.latents);
+    std::printf("%5d %4d | %11.3f %11.3f %7.3fx | %12.4g %10.1f\n", c.steps, c.refs,
+                median(c.approx.transformer), median(c.recompute.transformer),
+                Cell::paired_speedup(c.recompute.transformer, c.approx.transformer), e.max_abs,
+                e.psnr_db);
   }
 }
 
@@ -207,6 +239,15 @@ void write_json(const std::string& path, const Flux2Transformer& m, const Opts& 
                           {"diff_points_loop", Cell::points(c.pred.speedup, c.loop_speedup())},
                           {"kv_payload_formula_bytes", c.pred.kv_bytes},
                           {"outputs_identical", c.cached.hash == c.recompute.hash}});
+    if (o.approx) {
+      const OutputError e = output_error(c.approx.latents, c.recompute.latents);
+      j["cells"].back()["text_kv_approx"] = {
+          {"mode", mode(c.approx)},
+          {"speedup_vs_recompute",
+           Cell::paired_speedup(c.recompute.transformer, c.approx.transformer)},
+          {"max_abs_error", e.max_abs},
+          {"psnr_db", e.psnr_db}};
+    }
   }
   const std::string tmp = path + ".tmp";
   std::ofstream(tmp) << j.dump(2) << "\n";
@@ -241,6 +282,9 @@ void add_bench(CLI::App& app) {
   cmd->add_option("--kv-budget", o->kv_budget, "refuse cells whose cache needs more (e.g. 512M)");
   cmd->add_option("--json", o->json, "also write the results to this JSON file");
   cmd->add_option("--seed", o->seed, "seed of the weights and inputs");
+  cmd->add_flag("--text-kv-approx", o->approx,
+                "also run the named approximation text-kv-approx (step-0 text K/V reused) and "
+                "report its speed and its error against recompute");
   cmd->callback([o] {
     std::exit(guarded([&] {
       const std::vector<int> steps = parse_int_list(o->steps, "--steps");
@@ -278,6 +322,7 @@ void add_bench(CLI::App& app) {
       }
       progress_done();
       print_tables(cells);
+      if (o->approx) print_approx(cells);
       print_verdicts(cells);
       if (!o->json.empty()) {
         write_json(o->json, m, *o, cells);
