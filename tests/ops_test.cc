@@ -89,6 +89,29 @@ TEST(Ops, SwigluAndSiluMatchReference) {
   }
 }
 
+TEST(Ops, GeluTanhMatchesReference) {
+  Ctx c;
+  for (int64_t n : {1, 9, 64, 77}) {
+    auto x = randn(3 * n, 21, 3.0f);
+    auto a = x, b = x;
+    ops::gelu_tanh(c.fast, make_mat(a.data(), 3, n));
+    ops::gelu_tanh(c.ref, make_mat(b.data(), 3, n));
+    EXPECT_LE(compare(a.data(), b.data(), 3 * n).rel(), 2e-6) << n;
+  }
+}
+
+TEST(Ops, LinearBiasIsAddedToEveryRow) {
+  Ctx c;
+  const int64_t m = 37, n = 300, k = 20;
+  auto w = randn(n * k, 22, 0.2f), x = randn(m * k, 23), bias = randn(n, 24);
+  ops::Linear lin(Tensor::from_vector(w, {n, k}), DType::kF32, true);
+  lin.set_bias(Tensor::from_vector(bias, {n}));
+  std::vector<float> a(m * n), b(m * n);
+  lin.forward(c.fast, make_mat(x.data(), m, k), make_mat(a.data(), m, n));
+  lin.forward(c.ref, make_mat(x.data(), m, k), make_mat(b.data(), m, n));
+  EXPECT_LE(compare(a.data(), b.data(), m * n).rel(), 1e-5);
+}
+
 TEST(Ops, Bf16RoundingIsExactlyRoundToNearestEven) {
   Ctx c;
   auto x = randn(1000, 12, 100.0f);

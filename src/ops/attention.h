@@ -30,10 +30,15 @@ struct KVSource {
   int64_t v_stride = 0;
   bool causal = false;
   int64_t causal_offset = 0;
-  const uint8_t* valid = nullptr;  // [B, len]: 0 = masked key; nullptr = all valid
-  int64_t batch_rows = 0;          // rows from one batch element's keys to the next (0: len)
+  const uint8_t* valid =
+      nullptr;              // batch element b's key j at valid[b*valid_batch + j]; 0 = masked
+  int64_t valid_batch = 0;  // (0: len)
+  int64_t batch_rows = 0;   // rows from one batch element's keys to the next (0: len)
 
   int64_t batch_stride() const { return batch_rows > 0 ? batch_rows : len; }
+  const uint8_t* valid_row(int64_t b) const {
+    return valid ? valid + b * (valid_batch > 0 ? valid_batch : len) : nullptr;
+  }
   // Keys and values as rows of f32 matrices; batch element b's keys start at row b*batch_rows.
   static KVSource f32(Mat k, Mat v, int64_t len, int64_t batch_rows = 0) {
     KVSource s;
@@ -51,8 +56,10 @@ struct AttnShape {
   int64_t batch = 1;
   int64_t heads = 1;
   int64_t head_dim = 1;
-  int64_t seq_q = 0;  // queries per batch element
-  float scale = 0;    // 0: 1/sqrt(head_dim)
+  int64_t seq_q = 0;         // queries per batch element
+  float scale = 0;           // 0: 1/sqrt(head_dim)
+  int64_t q_batch_rows = 0;  // rows from one batch element's queries (and outputs) to the next
+  int64_t q_rows(int64_t b) const { return b * (q_batch_rows > 0 ? q_batch_rows : seq_q); }
 };
 
 void attention(const ExecContext& ctx, const AttnShape& shape, Mat q,

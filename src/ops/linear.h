@@ -35,7 +35,11 @@ class Linear {
   int64_t packed_bytes() const;
   bool empty() const { return n_ == 0; }
 
-  // y[M, N] = x[M, K] · Wᵀ. x and y may be strided views; they must not overlap.
+  // Adds a bias [out_features] to every output row (Qwen-Image's layers have biases).
+  void set_bias(const Tensor& bias);
+  bool has_bias() const { return !bias_.empty(); }
+
+  // y[M, N] = x[M, K] · Wᵀ (+ bias). x and y may be strided views; they must not overlap.
   void forward(const ExecContext& ctx, Mat x, Mat y) const;
 
  private:
@@ -47,6 +51,7 @@ class Linear {
   DType compute_ = DType::kF32;
   std::vector<std::shared_ptr<Packed>> chunks_;
   std::shared_ptr<std::vector<float>> plain_;  // [N, K] f32 values, for the reference path
+  std::vector<float> bias_;
 };
 
 // Whether oneDNN multiplies bf16 natively on this CPU.

@@ -5,13 +5,14 @@
 
 namespace flowkv {
 
-void timestep_sinusoid(float t, int64_t channels, float* out) {
+void timestep_sinusoid(float t, int64_t channels, float* out, float scale) {
   const int64_t half = channels / 2;
   // exponent = -ln(10000) * arange(half) / half, in float32 as torch evaluates it.
   const float neg_log = static_cast<float>(-std::log(10000.0));
   for (int64_t i = 0; i < half; ++i) {
     const float exponent = (neg_log * static_cast<float>(i)) / static_cast<float>(half);
-    const float arg = t * std::exp(exponent);
+    float arg = t * std::exp(exponent);
+    if (scale != 1.0f) arg = arg * scale;
     out[i] = std::cos(arg);
     out[half + i] = std::sin(arg);
   }

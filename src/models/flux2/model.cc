@@ -6,6 +6,7 @@
 #include <string>
 
 #include "flowkv/error.h"
+#include "models/common/blocks.h"
 #include "models/common/embeddings.h"
 #include "models/flux2/model_weights.h"
 #include "ops/attention.h"
@@ -37,27 +38,12 @@ struct Run {
 };
 
 Mat alloc(Arena& a, int64_t rows, int64_t cols) {
-  return make_mat(a.floats(rows * cols), rows, cols);
+  return alloc_mat(a, rows, cols);
 }
 
 // Chunk k of a stream's [B, n*D] modulation table, broadcast over each batch element's rows.
 ops::ModRows chunk(const Stream& s, int k, int64_t d) {
   return {s.mod + k * d, s.mod_width, s.seq};
-}
-
-// Keys and values computed this forward: columns [D, 2D) and [2D, 3D) of the fused projection.
-ops::KVSource live_kv(Mat qkv, int64_t d, int64_t len, int64_t batch_rows = 0) {
-  return ops::KVSource::f32(qkv.cols_slice(d, d), qkv.cols_slice(2 * d, d), len, batch_rows);
-}
-
-void store_kv(KVMemory* mem, int64_t layer, Mat qkv, int64_t d, int64_t batch_rows = 0) {
-  if (mem) mem->store(layer, qkv.cols_slice(d, d), qkv.cols_slice(2 * d, d), batch_rows);
-}
-
-// With bf16 weights diffusers holds q, k, v in bf16; rounding k and v here makes a bf16
-// memory hold exactly what attention reads when the segment is live.
-void round_kv(const Run& r, Mat qkv) {
-  if (r.bf16) ops::round_bf16(r.ec, qkv.cols_slice(r.D, 2 * r.D));
 }
 
 void attend(const Run& r, Mat q, int64_t seq, const std::vector<ops::KVSource>& sources, Mat out) {
@@ -112,7 +98,7 @@ void norm_rope_qk(const Run& r, Mat qkv, const Stream& s, const std::vector<floa
   const ops::RopeRows rope{s.cos, s.sin, s.seq};
   ops::rms_norm_rope(r.ec, qkv.cols_slice(0, r.D), r.hd, nq.data(), r.eps, rope);
   ops::rms_norm_rope(r.ec, qkv.cols_slice(r.D, r.D), r.hd, nk.data(), r.eps, rope);
-  round_kv(r, qkv);
+  round_kv(r.ec, qkv, r.D, r.bf16);
 }
 
 // ---------------------------------------------------------------- double-stream block

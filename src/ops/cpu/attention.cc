@@ -33,7 +33,7 @@ double attention_flops(const AttnShape& s, std::span<const KVSource> sources) {
 void attention(const ExecContext& ctx, const AttnShape& s, Mat q, std::span<const KVSource> sources,
                Mat out) {
   FLOWKV_CHECK(q.cols == s.heads * s.head_dim && out.cols == q.cols &&
-                   q.rows == s.batch * s.seq_q && out.rows == q.rows,
+                   q.rows >= s.q_rows(s.batch - 1) + s.seq_q && out.rows == q.rows,
                "attention: query/output shapes do not match ", s.batch, "x", s.seq_q, "x", s.heads,
                "x", s.head_dim);
   const auto& kern = cpu::attn_kernels();
@@ -78,10 +78,9 @@ void attention(const ExecContext& ctx, const AttnShape& s, Mat q, std::span<cons
     for (int64_t i = 0; i < nsrc; ++i) {
       const KVSource& src = sources[i];
       const float* kt = base[i] + (b * s.heads + h) * 2 * per_head[i];
-      packed[i] = {kt,         kt + per_head[i],  src.len,
-                   src.causal, src.causal_offset, src.valid ? src.valid + b * src.len : nullptr};
+      packed[i] = {kt, kt + per_head[i], src.len, src.causal, src.causal_offset, src.valid_row(b)};
     }
-    const int64_t row = b * s.seq_q + i0;
+    const int64_t row = s.q_rows(b) + i0;
     kern.block(q.row(row) + h * hd, q.stride, nq, i0, hd, scale, packed, static_cast<int>(nsrc),
                out.row(row) + h * hd, out.stride, scratch + thread_index() * scratch_floats);
   });

@@ -69,6 +69,12 @@ void silu(const ExecContext& ctx, const float* x, float* y, int64_t n) {
   cpu::row_kernels().silu(x, y, n);
 }
 
+void gelu_tanh(const ExecContext& ctx, Mat x) {
+  if (use_ref(ctx)) return ref::gelu_tanh(x);
+  const auto& k = cpu::row_kernels();
+  for_row_blocks(x.rows, x.cols, [&](int64_t r) { k.gelu_tanh(x.row(r), x.cols); });
+}
+
 void to_bf16(const ExecContext& ctx, Mat x, uint16_t* out) {
   if (use_ref(ctx)) return ref::to_bf16(x, out);
   const auto& k = cpu::row_kernels();

@@ -216,6 +216,12 @@ int64_t Linear::packed_bytes() const {
   return b;
 }
 
+void Linear::set_bias(const Tensor& bias) {
+  FLOWKV_CHECK(bias.numel() == n_, "bias has ", bias.numel(), " values for ", n_, " outputs");
+  const Tensor f = bias.to_f32();
+  bias_.assign(f.f32(), f.f32() + n_);
+}
+
 void Linear::forward_reference(Mat x, Mat y) const {
   FLOWKV_CHECK(plain_, "this Linear was built without its plain weights (keep_plain)");
   const float* w = plain_->data();
@@ -228,7 +234,7 @@ void Linear::forward_reference(Mat x, Mat y) const {
         const float a = compute_ == DType::kBF16 ? flowkv::round_bf16(xr[i]) : xr[i];
         acc += double(a) * wj[i];
       }
-      y.row(r)[j] = static_cast<float>(acc);
+      y.row(r)[j] = static_cast<float>(acc) + (bias_.empty() ? 0.0f : bias_[j]);
     }
   }
 }
@@ -291,6 +297,10 @@ void Linear::forward(const ExecContext& ctx, Mat x, Mat y) const {
     }
     p.prim.execute(thread_stream(), args);
   });
+  if (!bias_.empty()) {
+    // The bias as the residual-add op: y += bias, row by row (shape-fixed split, as the GEMM).
+    gated_add(ctx, y, Mat{const_cast<float*>(bias_.data()), y.rows, n_, 0}, {});
+  }
 }
 
 }  // namespace flowkv::ops

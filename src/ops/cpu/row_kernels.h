@@ -14,6 +14,7 @@ struct RowKernels {
                         const float* cos, const float* sin);
   void (*swiglu)(const float* in, float* out, int64_t f);
   void (*silu)(const float* x, float* y, int64_t n);
+  void (*gelu_tanh)(float* x, int64_t n);
   void (*to_bf16)(const float* x, uint16_t* out, int64_t n);
   void (*round_bf16)(float* x, int64_t n);
 };

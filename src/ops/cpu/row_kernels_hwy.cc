@@ -166,6 +166,23 @@ void Silu(const float* x, float* y, int64_t n) {
   for (; i < n; ++i) y[i] = x[i] / (1.0f + std::exp(-x[i]));
 }
 
+void GeluTanh(float* x, int64_t n) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const auto k = hn::Set(d, 0.7978845608028654f), c = hn::Set(d, 0.044715f),
+             half = hn::Set(d, 0.5f), one = hn::Set(d, 1.0f);
+  int64_t i = 0;
+  for (; i + N <= n; i += N) {
+    const auto a = hn::LoadU(d, x + i);
+    const auto inner = hn::Mul(k, hn::MulAdd(hn::Mul(c, a), hn::Mul(a, a), a));
+    hn::StoreU(hn::Mul(hn::Mul(half, a), hn::Add(one, hn::Tanh(d, inner))), d, x + i);
+  }
+  for (; i < n; ++i) {
+    const float a = x[i];
+    x[i] = 0.5f * a * (1.0f + std::tanh(0.7978845608028654f * (a + 0.044715f * a * a * a)));
+  }
+}
+
 // Round-to-nearest-even on the bit pattern (NaN inputs do not occur in activations).
 HWY_INLINE hn::Vec<hn::RebindToUnsigned<DF>> RoundedBits(DF d, hn::Vec<DF> v) {
   const hn::RebindToUnsigned<DF> du;
@@ -229,6 +246,7 @@ HWY_EXPORT(GatedAdd);
 HWY_EXPORT(RmsNormRope);
 HWY_EXPORT(Swiglu);
 HWY_EXPORT(Silu);
+HWY_EXPORT(GeluTanh);
 HWY_EXPORT(ToBf16);
 HWY_EXPORT(RoundBf16);
 HWY_EXPORT(TargetName);
@@ -254,6 +272,10 @@ const RowKernels& row_kernels() {
       [](const float* x, float* y, int64_t n) {
         HWY_DYNAMIC_DISPATCH(Silu)
         (x, y, n);
+      },
+      [](float* x, int64_t n) {
+        HWY_DYNAMIC_DISPATCH(GeluTanh)
+        (x, n);
       },
       [](const float* x, uint16_t* o, int64_t n) {
         HWY_DYNAMIC_DISPATCH(ToBf16)

@@ -25,13 +25,13 @@ void attention(const AttnShape& s, Mat q, std::span<const KVSource> sources, Mat
       for (const KVSource& src : sources) {
         for (int64_t j = 0; j < src.len; ++j) {
           if (src.causal && j > i + src.causal_offset) continue;
-          if (src.valid && !src.valid[b * src.len + j]) continue;
+          if (src.valid && !src.valid_row(b)[j]) continue;
           keys.push_back({&src, b * src.batch_stride() + j});
         }
       }
       for (int64_t h = 0; h < s.heads; ++h) {
-        const float* qi = q.row(b * s.seq_q + i) + h * hd;
-        float* oi = out.row(b * s.seq_q + i) + h * hd;
+        const float* qi = q.row(s.q_rows(b) + i) + h * hd;
+        float* oi = out.row(s.q_rows(b) + i) + h * hd;
         if (keys.empty()) {
           for (int64_t d = 0; d < hd; ++d) oi[d] = 0;
           continue;

@@ -72,6 +72,17 @@ void silu(const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] / (1.0f + std::exp(-x[i]));
 }
 
+void gelu_tanh(Mat x) {
+  const double k = std::sqrt(2.0 / M_PI);
+  for (int64_t r = 0; r < x.rows; ++r) {
+    float* v = x.row(r);
+    for (int64_t i = 0; i < x.cols; ++i) {
+      const double a = v[i];
+      v[i] = static_cast<float>(0.5 * a * (1.0 + std::tanh(k * (a + 0.044715 * a * a * a))));
+    }
+  }
+}
+
 void to_bf16(Mat x, uint16_t* out) {
   for (int64_t r = 0; r < x.rows; ++r) {
     for (int64_t i = 0; i < x.cols; ++i) out[r * x.cols + i] = f32_to_bf16(x.row(r)[i]);
