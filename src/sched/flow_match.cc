@@ -35,6 +35,24 @@ double empirical_mu(int64_t seq, int steps) {
   return a * steps + b;
 }
 
+double linear_mu(int64_t seq, const FlowMatchConfig& c) {
+  const double m = (c.max_shift - c.base_shift) /
+                   static_cast<double>(c.max_image_seq_len - c.base_image_seq_len);
+  const double b = c.base_shift - m * static_cast<double>(c.base_image_seq_len);
+  return static_cast<double>(seq) * m + b;
+}
+
+FlowMatchConfig qwen_image_scheduler_config() {
+  FlowMatchConfig c;
+  c.shift = 1.0;
+  c.base_shift = 0.5;
+  c.max_shift = 0.9;
+  c.base_image_seq_len = 256;
+  c.max_image_seq_len = 8192;
+  c.shift_terminal = 0.02;
+  return c;
+}
+
 Schedule set_timesteps(const FlowMatchConfig& cfg, const std::vector<double>& sigmas_in,
                        std::optional<double> mu) {
   FLOWKV_CHECK(!cfg.use_dynamic_shifting || mu, "dynamic shifting needs mu");

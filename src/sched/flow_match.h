@@ -29,6 +29,13 @@ std::vector<double> linspace_sigmas(int steps);
 // count (reference tokens are not counted) and the step count.
 double empirical_mu(int64_t image_seq_len, int steps);
 
+// Qwen-Image's calculate_shift: mu linear in the target token count between
+// (base_image_seq_len, base_shift) and (max_image_seq_len, max_shift), not clamped.
+double linear_mu(int64_t image_seq_len, const FlowMatchConfig& cfg);
+
+// The released Qwen-Image / Qwen-Image-2.1 scheduler config (spec qwen-image.md §3.3).
+FlowMatchConfig qwen_image_scheduler_config();
+
 struct Schedule {
   std::vector<float> sigmas;     // steps + 1 values, the last 0
   std::vector<float> timesteps;  // steps values: sigma * num_train_timesteps

@@ -1,0 +1,40 @@
+#include "models/qwen_image/builtin.h"
+
+#include "models/common/random_weights.h"
+#include "models/qwen_image/weights.h"
+
+namespace flowkv::qwen {
+
+bool builtin_config21(const std::string& name, Config21* out) {
+  Config21 c;
+  if (name == "qwen21-tiny") {
+    c.in_channels = c.out_channels = 16;
+    c.num_layers = 2;
+    c.num_attention_heads = 2;
+    c.attention_head_dim = 32;
+    c.context_in_dim = 24;
+    c.mlp_ratio = 2;
+    c.axes_dims_rope = {8, 12, 12};
+  } else if (name == "qwen21-small") {
+    c.num_layers = 8;
+    c.num_attention_heads = 3;
+    c.attention_head_dim = 128;
+    c.context_in_dim = 1152;
+  } else {
+    return false;
+  }
+  *out = c;
+  return true;
+}
+
+std::vector<std::string> builtin_names21() {
+  return {"qwen21-tiny", "qwen21-small"};
+}
+
+std::map<std::string, Tensor> random_weights21(const Config21& c, uint64_t seed, DType dtype) {
+  // The text norm is zero-centred (checkpoints store scale - 1); the QK norms are plain.
+  return random_weights(weight_table(c), seed, dtype,
+                        [](const std::string& n) { return n == w21::kTextNorm ? 0.0f : 1.0f; });
+}
+
+}  // namespace flowkv::qwen
