@@ -47,6 +47,12 @@ KVPrediction predict_klein_kv(const Flux2Transformer& m, int64_t text_tokens, in
                               const std::vector<int64_t>& ref_tokens, int steps);
 std::string format_prediction(const KVPrediction& p);
 
+// Which segments of a released model's token layout can be cached exactly, and for the others
+// which of the three rules each breaks. model: klein-9b-kv, klein-4b, klein-9b, dev,
+// qwen-image-2.1, qwen-image-2.1-no-causal, qwen-image.
+std::string cacheability_report(const std::string& model, int64_t text_tokens,
+                                const std::vector<int64_t>& ref_tokens, int64_t target_tokens);
+
 // FLUX.2 latent tokens of an image (16 x 16 pixels per token).
 int64_t flux2_tokens_for_pixels(int64_t width_px, int64_t height_px);
 std::vector<std::string> released_model_names();

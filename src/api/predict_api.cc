@@ -84,6 +84,65 @@ KVPrediction predict_klein_kv(const Flux2Transformer& m, int64_t text, int64_t t
                  static_cast<int>(dtype_size(model.kv_dtype())));
 }
 
+std::string cacheability_report(const std::string& model, int64_t text,
+                                const std::vector<int64_t>& refs, int64_t target) {
+  TokenLayout l;
+  const int k = static_cast<int>(refs.size());
+  auto all = [&] {
+    std::vector<int> v;
+    for (int i = 0; i < k + 2; ++i) v.push_back(i);
+    return v;
+  };
+  if (model == "klein-9b-kv") {
+    l = flux2::klein_kv_layout(text, refs, target);
+  } else if (model == "klein-4b" || model == "klein-9b" || model == "dev" ||
+             model == "qwen-image") {
+    // References appended to the image stream: same timestep, full attention both ways.
+    l.segments.push_back({"text", SegmentKind::kText, text, true, false, 0, all()});
+    for (int i = 0; i < k; ++i) {
+      l.segments.push_back({"ref " + std::to_string(i + 1), SegmentKind::kReference,
+                            refs[static_cast<size_t>(i)], true, false, 0, all()});
+    }
+    l.segments.push_back({"target", SegmentKind::kTarget, target, false, false, 0, all()});
+  } else if (model == "qwen-image-2.1" || model == "qwen-image-2.1-no-causal") {
+    const bool causal = model == "qwen-image-2.1";
+    std::vector<int> before;
+    for (int i = 0; i < k; ++i) {
+      Segment s{"condition " + std::to_string(i + 1),
+                SegmentKind::kReference,
+                refs[static_cast<size_t>(i)],
+                true,
+                causal,
+                0,
+                before};
+      s.reads.push_back(i);
+      before.push_back(i);
+      l.segments.push_back(s);
+    }
+    Segment t{"text", SegmentKind::kText, text, true, causal, 0, before};
+    t.reads.push_back(k);
+    t.causal = true;
+    before.push_back(k);
+    l.segments.push_back(t);
+    Segment g{"target", SegmentKind::kTarget, target, false, false, 0, before};
+    g.reads.push_back(k + 1);
+    l.segments.push_back(g);
+  } else {
+    fail("unknown model '", model,
+         "': klein-9b-kv, klein-4b, klein-9b, dev, qwen-image-2.1, qwen-image-2.1-no-causal, "
+         "qwen-image");
+  }
+  const Cacheability c = check_cacheable(l);
+  std::ostringstream o;
+  o << "cacheable exactly (constant input, fixed-time modulation, reads only cacheable tokens):\n";
+  for (size_t i = 0; i < l.segments.size(); ++i) {
+    o << "  " << l.segments[i].name << ": " << (c.cacheable[i] ? "yes" : "no");
+    for (size_t j = 0; j < c.broken[i].size(); ++j) o << (j ? "; " : " - ") << c.broken[i][j];
+    o << "\n";
+  }
+  return o.str();
+}
+
 int64_t flux2_tokens_for_pixels(int64_t w, int64_t h) {
   FLOWKV_CHECK(w >= 16 && h >= 16, "an image must be at least 16x16 pixels, got ", w, "x", h);
   return (w / 16) * (h / 16);

@@ -4,12 +4,16 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "flowkv/error.h"
 #include "flowkv/klein_kv.h"
 #include "flowkv/predict.h"
+#include "flowkv/qwen_image.h"
 #include "flowkv/runtime.h"
 #include "inputs.h"
 #include "measure.h"
@@ -19,7 +23,7 @@ namespace flowkv::cli {
 namespace {
 
 struct Opts {
-  std::string model, builtin = "small", dtype = "auto", steps = "4,8,28", refs = "1,2,3";
+  std::string family = "klein", model, builtin, dtype = "auto", steps, refs, cfg = "0,1";
   std::string grid = "16x16", ref_grid = "16x16", json, kv_budget;
   int64_t text = 64;
   int runs = 5;
@@ -54,6 +58,7 @@ OutputError output_error(const Tensor& got, const Tensor& ref) {
 
 struct Cell {
   int steps = 0, refs = 0;
+  bool cfg = false;
   ModeStats cached, recompute, approx;  // approx: text-kv-approx on top of the reference cache
   KVPrediction pred;
   // Median of the ratios of runs taken back to back: slow drift of a shared machine cancels.
@@ -76,7 +81,7 @@ std::pair<int64_t, int64_t> parse_grid(const std::string& s, const char* what) {
   return {h, w};
 }
 
-Tensor random_tensor(Shape shape, uint64_t seed) {
+Tensor random_tensor(Shape shape, uint64_t seed) {  // uniform [-1, 1), deterministic
   Tensor t = Tensor::empty(std::move(shape));
   uint64_t s = seed * 0x9e3779b97f4a7c15ull + 0x632be59bd9b4e019ull;
   for (int64_t i = 0; i < t.numel(); ++i) {
@@ -86,19 +91,98 @@ Tensor random_tensor(Shape shape, uint64_t seed) {
   return t;
 }
 
-DenoiseInputs make_inputs(const Flux2Transformer& m, const Opts& o, int refs) {
+// One family's way to run a cell's modes: the cached run, the uncached baseline, and (Klein)
+// the text-kv-approx approximation; and the cost model's prediction for the cell.
+enum class Mode { kCached, kUncached, kApprox };
+
+struct Runner {
+  std::string family, variant, dtype, config_json;
+  std::function<KVPrediction(const Cell&)> predict;
+  std::function<DenoiseResult(const Cell&, Mode, int64_t budget, Workspace&)> run;
+};
+
+Runner klein_runner(const Opts& o) {
+  auto m = std::make_shared<Flux2Transformer>(
+      o.model.empty()
+          ? Flux2Transformer::builtin(o.builtin, o.seed, o.dtype == "auto" ? "f32" : o.dtype)
+          : Flux2Transformer::load(o.model, {o.dtype}));
   const auto [h, w] = parse_grid(o.grid, "--grid");
   const auto [rh, rw] = parse_grid(o.ref_grid, "--ref-grid");
-  DenoiseInputs in;
-  in.text = random_tensor({1, o.text, m.text_channels()}, o.seed + 1);
-  in.noise = random_tensor({1, h * w, m.in_channels()}, o.seed + 2);
-  in.height = h;
-  in.width = w;
-  for (int i = 0; i < refs; ++i) {
-    in.references.push_back(
-        {random_tensor({1, rh * rw, m.in_channels()}, o.seed + 10 + i), rh, rw});
-  }
-  return in;
+  auto inputs = std::make_shared<std::map<int, DenoiseInputs>>();
+  auto input = [=, &o](int refs) -> const DenoiseInputs& {
+    auto it = inputs->find(refs);
+    if (it != inputs->end()) return it->second;
+    DenoiseInputs in;
+    in.text = random_tensor({1, o.text, m->text_channels()}, o.seed + 1);
+    in.noise = random_tensor({1, h * w, m->in_channels()}, o.seed + 2);
+    in.height = h, in.width = w;
+    for (int i = 0; i < refs; ++i) {
+      in.references.push_back(
+          {random_tensor({1, rh * rw, m->in_channels()}, o.seed + 10 + i), rh, rw});
+    }
+    return (*inputs)[refs] = std::move(in);
+  };
+  Runner r{"klein", m->variant(), m->compute_dtype(), m->config_json()};
+  r.predict = [=, &o](const Cell& c) {
+    return predict_klein_kv(*m, o.text, h * w,
+                            std::vector<int64_t>(static_cast<size_t>(c.refs), rh * rw), c.steps);
+  };
+  r.run = [=](const Cell& c, Mode mode, int64_t budget, Workspace& ws) {
+    DenoiseOptions d;
+    d.steps = c.steps;
+    d.mode = mode == Mode::kUncached ? KVMode::kRecompute : KVMode::kCached;
+    d.text_kv_approx = mode == Mode::kApprox;
+    d.kv_budget_bytes = budget;
+    return denoise_klein_kv(*m, input(c.refs), d, &ws);
+  };
+  return r;
+}
+
+// Qwen-Image-2.1: the prompt rows hold the condition images' slots (a ref_grid image is
+// h*w/4 slots) before `text` text rows; the negative prompt has the same layout, so CFG runs
+// both branches in one batched forward.
+Runner qwen_runner(const Opts& o) {
+  auto m = std::make_shared<QwenImage21Transformer>(
+      o.model.empty()
+          ? QwenImage21Transformer::builtin(o.builtin, o.seed, o.dtype == "auto" ? "f32" : o.dtype)
+          : QwenImage21Transformer::load(o.model, o.dtype));
+  const auto [h, w] = parse_grid(o.grid, "--grid");
+  const auto [rh, rw] = parse_grid(o.ref_grid, "--ref-grid");
+  FLOWKV_CHECK((h * w) % 4 == 0 && (rh * rw) % 4 == 0,
+               "Qwen-Image-2.1 grids need a multiple of 4 tokens (2x2 per slot)");
+  auto inputs = std::make_shared<std::map<int, Qwen21Inputs>>();
+  auto input = [=, &o](int refs) -> const Qwen21Inputs& {
+    auto it = inputs->find(refs);
+    if (it != inputs->end()) return it->second;
+    Qwen21Inputs in;
+    std::vector<uint8_t> slots(static_cast<size_t>(refs * rh * rw / 4), 1);
+    slots.insert(slots.end(), static_cast<size_t>(o.text), 0);
+    const int64_t rows = static_cast<int64_t>(slots.size());
+    in.prompt = {random_tensor({1, rows, m->text_channels()}, o.seed + 1), slots, {}};
+    in.negative = {random_tensor({1, rows, m->text_channels()}, o.seed + 3), slots, {}};
+    in.noise = random_tensor({1, h * w, m->in_channels()}, o.seed + 2);
+    in.height = h, in.width = w;
+    for (int i = 0; i < refs; ++i) {
+      in.conditions.push_back(
+          {random_tensor({1, rh * rw, m->in_channels()}, o.seed + 10 + i), rh, rw});
+    }
+    return (*inputs)[refs] = std::move(in);
+  };
+  Runner r{"qwen21", m->variant(), m->compute_dtype(), m->config_json()};
+  r.predict = [=, &o](const Cell& c) {
+    return predict_qwen21(*m, o.text, std::vector<int64_t>(static_cast<size_t>(c.refs), rh * rw),
+                          h * w, c.steps, c.cfg);
+  };
+  r.run = [=](const Cell& c, Mode mode, int64_t budget, Workspace& ws) {
+    Qwen21Inputs in = input(c.refs);
+    in.cfg_scale = c.cfg ? 4.0f : 1.0f;
+    Qwen21Options d;
+    d.steps = c.steps;
+    d.use_cache = mode != Mode::kUncached;
+    d.kv_budget_bytes = budget;
+    return denoise_qwen21(*m, in, d, &ws);
+  };
+  return r;
 }
 
 void record(ModeStats& s, const DenoiseResult& r, int64_t rss) {
@@ -112,35 +196,25 @@ void record(ModeStats& s, const DenoiseResult& r, int64_t rss) {
   s.latents = r.latents;
 }
 
-Cell run_cell(const Flux2Transformer& m, const Opts& o, int steps, int refs, int64_t budget,
-              Workspace& ws, const std::string& tag) {
-  Cell c;
-  c.steps = steps;
-  c.refs = refs;
-  const DenoiseInputs in = make_inputs(m, o, refs);
-  std::vector<int64_t> ref_tokens;
-  for (const auto& r : in.references) ref_tokens.push_back(r.height * r.width);
-  c.pred = predict_klein_kv(m, o.text, in.height * in.width, ref_tokens, steps);
-  enum Mode { kCachedMode, kRecomputeMode, kApproxMode };
-  DenoiseOptions opts[3];
-  for (DenoiseOptions& d : opts) d.steps = steps, d.kv_budget_bytes = budget;
-  opts[kRecomputeMode].mode = KVMode::kRecompute;
-  opts[kApproxMode].text_kv_approx = true;
+Cell run_cell(const Runner& runner, const Opts& o, Cell c, int64_t budget, Workspace& ws,
+              const std::string& tag) {
+  c.pred = runner.predict(c);
+  const Mode modes[3] = {Mode::kCached, Mode::kUncached, Mode::kApprox};
   ModeStats* stats[3] = {&c.cached, &c.recompute, &c.approx};
-  const char* names[3] = {"cached", "recompute", "text-kv-approx"};
-  const int modes = o.approx ? 3 : 2;
-  const int total = modes * (o.runs + 1);
+  const char* names[3] = {"cached", "uncached", "text-kv-approx"};
+  const int n = o.approx ? 3 : 2;
+  const int total = n * (o.runs + 1);
   int done = 0;
   auto one = [&](int mode, bool timed) {
     progress(tag + " run " + std::to_string(++done) + "/" + std::to_string(total) + " (" +
              names[mode] + (timed ? ")" : ", warm-up)"));
     reset_peak_rss();
-    const DenoiseResult r = denoise_klein_kv(m, in, opts[mode], &ws);
+    const DenoiseResult r = runner.run(c, modes[mode], budget, ws);
     if (timed) record(*stats[mode], r, peak_rss_bytes());
   };
-  for (int mode = 0; mode < modes; ++mode) one(mode, false);
-  for (int run = 0; run < o.runs; ++run) {  // rotate the order so no mode always goes first
-    for (int i = 0; i < modes; ++i) one((run % 2 == 0 ? i : modes - 1 - i), true);
+  for (int mode = 0; mode < n; ++mode) one(mode, false);
+  for (int run = 0; run < o.runs; ++run) {  // alternate the order so no mode always goes first
+    for (int i = 0; i < n; ++i) one(run % 2 == 0 ? i : n - 1 - i, true);
   }
   return c;
 }
@@ -152,24 +226,26 @@ std::string mib(int64_t b) {
 }
 
 void print_tables(const std::vector<Cell>& cells) {
-  std::printf("\n%5s %4s | %11s %11s %8s %9s %6s | %11s %11s %8s %6s\n", "steps", "refs",
-              "cached s", "recompute s", "speedup", "predicted", "diff", "loop cach s",
-              "loop reco s", "speedup", "diff");
+  std::printf("\n%5s %4s %3s | %11s %11s %8s %9s %6s | %11s %11s %8s %6s\n", "steps", "refs", "cfg",
+              "cached s", "uncached s", "speedup", "predicted", "diff", "loop cach s",
+              "loop unca s", "speedup", "diff");
   for (const Cell& c : cells) {
-    std::printf("%5d %4d | %11.3f %11.3f %7.3fx %8.3fx %+5.1fp | %11.3f %11.3f %7.3fx %+5.1fp\n",
-                c.steps, c.refs, median(c.cached.transformer), median(c.recompute.transformer),
-                c.speedup(), c.pred.speedup, Cell::points(c.pred.speedup, c.speedup()),
-                median(c.cached.loop), median(c.recompute.loop), c.loop_speedup(),
-                Cell::points(c.pred.speedup, c.loop_speedup()));
+    std::printf(
+        "%5d %4d %3s | %11.3f %11.3f %7.3fx %8.3fx %+5.1fp | %11.3f %11.3f %7.3fx %+5.1fp\n",
+        c.steps, c.refs, c.cfg ? "on" : "off", median(c.cached.transformer),
+        median(c.recompute.transformer), c.speedup(), c.pred.speedup,
+        Cell::points(c.pred.speedup, c.speedup()), median(c.cached.loop), median(c.recompute.loop),
+        c.loop_speedup(), Cell::points(c.pred.speedup, c.loop_speedup()));
   }
-  std::printf("\n%5s %4s | %10s %10s | %13s %13s %9s %8s | %16s %16s %5s\n", "steps", "refs",
-              "KV MiB", "formula", "peak RSS cach", "peak RSS reco", "diff MiB", "/payload",
-              "hash cached", "hash recompute", "same");
+  std::printf("\n%5s %4s %3s | %10s %10s | %13s %13s %9s %8s | %16s %16s %5s\n", "steps", "refs",
+              "cfg", "KV MiB", "formula", "peak RSS cach", "peak RSS unca", "diff MiB", "/payload",
+              "hash cached", "hash uncached", "same");
   for (const Cell& c : cells) {
     const int64_t d = c.cached.peak_rss - c.recompute.peak_rss;
-    std::printf("%5d %4d | %10s %10s | %13s %13s %9s %7.2fx | %016lx %016lx %5s\n", c.steps, c.refs,
-                mib(c.cached.kv_bytes).c_str(), mib(c.pred.kv_bytes).c_str(),
-                mib(c.cached.peak_rss).c_str(), mib(c.recompute.peak_rss).c_str(), mib(d).c_str(),
+    std::printf("%5d %4d %3s | %10s %10s | %13s %13s %9s %7.2fx | %016lx %016lx %5s\n", c.steps,
+                c.refs, c.cfg ? "on" : "off", mib(c.cached.kv_bytes).c_str(),
+                mib(c.pred.kv_bytes).c_str(), mib(c.cached.peak_rss).c_str(),
+                mib(c.recompute.peak_rss).c_str(), mib(d).c_str(),
                 c.cached.kv_bytes > 0 ? static_cast<double>(d) / c.cached.kv_bytes : 0.0,
                 c.cached.hash, c.recompute.hash,
                 c.cached.hash == c.recompute.hash && c.cached.deterministic ? "yes" : "NO");
@@ -203,17 +279,18 @@ void print_verdicts(const std::vector<Cell>& cells) {
   std::printf("\ntargets (cells meeting them / cells):\n");
   std::printf("  transformer speedup within 2 points of the prediction: %d/%d\n", tf_ok, n);
   std::printf("  whole-loop speedup within 4 points of the prediction:  %d/%d\n", loop_ok, n);
-  std::printf("  cached and recompute outputs bit-identical:            %d/%d\n", hash_ok, n);
+  std::printf("  cached and uncached outputs bit-identical:             %d/%d\n", hash_ok, n);
   std::printf("  KV bytes equal to the payload formula:                 %d/%d\n", kv_ok, n);
-  std::printf("  peak RSS above recompute by at most payload + 10%%:     %d/%d\n", rss_ok, n);
+  std::printf("  peak RSS above uncached by at most payload + 10%%:      %d/%d\n", rss_ok, n);
 }
 
-void write_json(const std::string& path, const Flux2Transformer& m, const Opts& o,
+void write_json(const std::string& path, const Runner& m, const Opts& o,
                 const std::vector<Cell>& cells) {
   nlohmann::json j;
-  j["model"] = {{"variant", m.variant()},
-                {"compute_dtype", m.compute_dtype()},
-                {"config", nlohmann::json::parse(m.config_json())}};
+  j["model"] = {{"family", m.family},
+                {"variant", m.variant},
+                {"compute_dtype", m.dtype},
+                {"config", nlohmann::json::parse(m.config_json)}};
   j["machine"] = {{"threads", threads()}, {"simd", simd_target()}};
   j["inputs"] = {{"text_tokens", o.text}, {"grid", o.grid}, {"ref_grid", o.ref_grid},
                  {"runs", o.runs},        {"warmup", 1},    {"order", "alternating"}};
@@ -230,6 +307,7 @@ void write_json(const std::string& path, const Flux2Transformer& m, const Opts& 
     };
     j["cells"].push_back({{"steps", c.steps},
                           {"refs", c.refs},
+                          {"cfg", c.cfg},
                           {"cached", mode(c.cached)},
                           {"recompute", mode(c.recompute)},
                           {"speedup_transformer", c.speedup()},
@@ -259,19 +337,28 @@ void write_json(const std::string& path, const Flux2Transformer& m, const Opts& 
 void add_bench(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "bench",
-      "The exact reference KV cache of FLUX.2 Klein 9B KV against the uncached baseline (the\n"
-      "same network and rules, references recomputed every step), side by side: per cell\n"
-      "(steps x references), one warm-up and --runs timed runs of each mode in alternating\n"
-      "order; median transformer and whole-loop times, measured and predicted speedup, their\n"
-      "difference in points of saving, output hashes, KV bytes and peak RSS. Without --model it\n"
-      "runs the built-in 'small' model (random weights).");
+      "An exact conditioning KV cache against the uncached baseline (the same network and rules,\n"
+      "conditioning recomputed every step), side by side. --family klein: FLUX.2 Klein 9B KV's\n"
+      "reference cache, cells = steps x references. --family qwen21: Qwen-Image-2.1's prefix\n"
+      "cache (text and condition images), cells = steps x condition images x CFG off/on (one\n"
+      "cache per branch). Per cell: one warm-up and --runs timed runs of each mode in\n"
+      "alternating order; median transformer and whole-loop times, measured and predicted\n"
+      "speedup, their difference in points of saving, output hashes, KV bytes and peak RSS.\n"
+      "Without --model it runs a built-in model with random weights.");
   auto* o = new Opts;
+  cmd->add_option("--family", o->family, "klein or qwen21 (default: from --model's config)")
+      ->capture_default_str();
   cmd->add_option("--model", o->model, "checkpoint folder or file (default: a built-in model)");
-  cmd->add_option("--builtin", o->builtin, "built-in model when no --model")->capture_default_str();
+  cmd->add_option("--builtin", o->builtin,
+                  "built-in model when no --model (default: small for klein, qwen21-small)");
   cmd->add_option("--dtype", o->dtype, "auto, f32 or bf16 (built-in: auto means f32)")
       ->capture_default_str();
-  cmd->add_option("--steps", o->steps, "step counts, comma-separated")->capture_default_str();
-  cmd->add_option("--refs", o->refs, "reference counts, comma-separated")->capture_default_str();
+  cmd->add_option("--steps", o->steps, "step counts, comma-separated (klein 4,8,28; qwen21 4,8)");
+  cmd->add_option(
+      "--refs", o->refs,
+      "reference / condition-image counts, comma-separated (klein 1,2,3; qwen21 0,1,2)");
+  cmd->add_option("--cfg", o->cfg, "qwen21: CFG settings, comma-separated 0/1")
+      ->capture_default_str();
   cmd->add_option("--runs", o->runs, "timed runs per mode and cell (at least 1)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
@@ -283,21 +370,26 @@ void add_bench(CLI::App& app) {
   cmd->add_option("--json", o->json, "also write the results to this JSON file");
   cmd->add_option("--seed", o->seed, "seed of the weights and inputs");
   cmd->add_flag("--text-kv-approx", o->approx,
-                "also run the named approximation text-kv-approx (step-0 text K/V reused) and "
-                "report its speed and its error against recompute");
+                "klein: also run the named approximation text-kv-approx (step-0 text K/V "
+                "reused) and report its speed and its error against the uncached run");
   cmd->callback([o] {
     std::exit(guarded([&] {
+      if (!o->model.empty() && is_qwen21_config(o->model)) o->family = "qwen21";
+      FLOWKV_CHECK(o->family == "klein" || o->family == "qwen21", "--family is klein or qwen21");
+      const bool qwen = o->family == "qwen21";
+      FLOWKV_CHECK(!(qwen && o->approx), "--text-kv-approx is Klein's approximation");
+      if (o->builtin.empty()) o->builtin = qwen ? "qwen21-small" : "small";
+      if (o->steps.empty()) o->steps = qwen ? "4,8" : "4,8,28";
+      if (o->refs.empty()) o->refs = qwen ? "0,1,2" : "1,2,3";
       const std::vector<int> steps = parse_int_list(o->steps, "--steps");
       const std::vector<int> refs = parse_int_list(o->refs, "--refs");
+      const std::vector<int> cfgs = qwen ? parse_int_list(o->cfg, "--cfg") : std::vector<int>{0};
       for (int s : steps) FLOWKV_CHECK(s >= 1, "--steps: every count must be at least 1");
       const int64_t budget = o->kv_budget.empty() ? -1 : parse_bytes(o->kv_budget);
-      const Flux2Transformer m =
-          o->model.empty() ? Flux2Transformer::builtin(o->builtin, o->seed,
-                                                       o->dtype == "auto" ? "f32" : o->dtype)
-                           : Flux2Transformer::load(o->model, {o->dtype});
-      std::printf(
-          "flowkv bench: exact reference KV cache vs recompute (same network, same rules)\n");
-      std::printf("model:   %s, %s compute\n", m.variant().c_str(), m.compute_dtype().c_str());
+      const Runner runner = qwen ? qwen_runner(*o) : klein_runner(*o);
+      std::printf("flowkv bench: exact %s KV cache vs uncached (same network, same rules)\n",
+                  qwen ? "prefix (text + condition images)" : "reference");
+      std::printf("model:   %s, %s compute\n", runner.variant.c_str(), runner.dtype.c_str());
       std::printf("machine: %d threads, %s kernels\n", threads(), simd_target().c_str());
       std::printf(
           "inputs:  batch 1, %ld text tokens, target %s tokens, references %s tokens each\n",
@@ -305,19 +397,23 @@ void add_bench(CLI::App& app) {
       std::printf("runs:    per mode and cell, 1 warm-up + %d timed, alternating; medians\n",
                   o->runs);
       std::printf(
-          "speedup: median over back-to-back run pairs of recompute time / cached time\n"
+          "speedup: median over back-to-back run pairs of uncached time / cached time\n"
           "diff:    predicted minus measured saving (saving = 1 - 1/speedup), in points\n");
       std::fflush(stdout);
       Workspace ws;  // shared by both modes: it grows to the prefill step's size once
       std::vector<Cell> cells;
       int index = 0;
-      const int total = static_cast<int>(steps.size() * refs.size());
+      const int total = static_cast<int>(steps.size() * refs.size() * cfgs.size());
       for (int s : steps) {
         for (int r : refs) {
-          const std::string tag = "[" + std::to_string(++index) + "/" + std::to_string(total) +
-                                  "] steps " + std::to_string(s) + ", refs " + std::to_string(r) +
-                                  ":";
-          cells.push_back(run_cell(m, *o, s, r, budget, ws, tag));
+          for (int g : cfgs) {
+            Cell c;
+            c.steps = s, c.refs = r, c.cfg = g != 0;
+            const std::string tag = "[" + std::to_string(++index) + "/" + std::to_string(total) +
+                                    "] steps " + std::to_string(s) + ", refs " + std::to_string(r) +
+                                    (qwen ? (c.cfg ? ", cfg" : ", no cfg") : "") + ":";
+            cells.push_back(run_cell(runner, *o, c, budget, ws, tag));
+          }
         }
       }
       progress_done();
@@ -325,7 +421,7 @@ void add_bench(CLI::App& app) {
       if (o->approx) print_approx(cells);
       print_verdicts(cells);
       if (!o->json.empty()) {
-        write_json(o->json, m, *o, cells);
+        write_json(o->json, runner, *o, cells);
         std::printf("\nwrote %s\n", o->json.c_str());
       }
       return 0;

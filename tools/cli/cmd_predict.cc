@@ -5,6 +5,7 @@
 #include "commands.h"
 #include "flowkv/error.h"
 #include "flowkv/predict.h"
+#include "flowkv/qwen_image.h"
 
 namespace flowkv::cli {
 
@@ -21,8 +22,10 @@ void add_predict(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "predict",
       "Predict the FLOPs per step (by segment, uncached and cached), the speedup over n steps\n"
-      "and the KV payload of the exact reference cache, from the cost model. Example (the\n"
-      "published Klein 9B KV figures): flowkv predict --size 1024x1024 --ref 1024x704");
+      "and the KV payload of the exact conditioning cache, from the cost model, and say which\n"
+      "segments may be cached at all. Examples (the published figures):\n"
+      "  flowkv predict --size 1024x1024 --ref 1024x704                (Klein 9B KV)\n"
+      "  flowkv predict --model qwen-image-2.1 --ref 1248x864 --text-tokens 34 [--cfg]");
   struct Opts {
     std::string model = "klein-9b-kv", size = "1024x1024";
     std::vector<std::string> refs = {"1024x704"};
@@ -33,8 +36,8 @@ void add_predict(CLI::App& app) {
   };
   auto* o = new Opts;
   cmd->add_option("--model", o->model,
-                  "released shape (klein-4b, klein-9b, klein-9b-kv, dev), config.json or "
-                  "checkpoint folder")
+                  "released shape (klein-9b-kv, klein-4b, klein-9b, dev, qwen-image-2.1, "
+                  "qwen-image), or a config.json / checkpoint folder")
       ->capture_default_str();
   cmd->add_option("--size", o->size, "output image WxH in pixels")->capture_default_str();
   cmd->add_option("--ref", o->refs, "reference image WxH in pixels (repeat for several)")
@@ -64,7 +67,26 @@ void add_predict(CLI::App& app) {
       r.cfg = o->cfg;
       FLOWKV_CHECK(o->kv_dtype == "bf16" || o->kv_dtype == "f32", "--kv-dtype is bf16 or f32");
       r.kv_bytes_per_element = o->kv_dtype == "bf16" ? 2 : 4;
+      const bool qwen21 = o->model == "qwen-image-2.1" || is_qwen21_config(o->model);
+      if (o->model == "qwen-image") {  // nothing to predict: no exact cache exists
+        std::cout << "model:      Qwen-Image (60 dual-stream blocks x 3072)\n"
+                  << cacheability_report("qwen-image", r.text_tokens, r.ref_tokens, r.target_tokens)
+                  << "No exact conditioning cache exists for this model.\n";
+        return 0;
+      }
+      if (qwen21) {
+        std::cout << format_prediction(
+            predict_qwen21_shape(o->model == "qwen-image-2.1" ? "" : o->model, r.text_tokens,
+                                 r.ref_tokens, r.target_tokens, r.steps, r.cfg));
+        std::cout << cacheability_report("qwen-image-2.1", r.text_tokens, r.ref_tokens,
+                                         r.target_tokens);
+        return 0;
+      }
       std::cout << format_prediction(predict_klein_kv(r));
+      const bool named = o->model == "klein-9b-kv" || o->model == "klein-9b" ||
+                         o->model == "klein-4b" || o->model == "dev";
+      if (named)
+        std::cout << cacheability_report(o->model, r.text_tokens, r.ref_tokens, r.target_tokens);
       return 0;
     }));
   });
