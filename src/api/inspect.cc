@@ -6,6 +6,8 @@
 #include "io/checkpoint.h"
 #include "models/flux2/config.h"
 #include "models/flux2/weights.h"
+#include "models/qwen_image/config.h"
+#include "models/qwen_image/weights.h"
 
 namespace flowkv {
 
@@ -41,14 +43,41 @@ InspectReport inspect(const std::string& path) {
   r.layout = layout_name(scan, src.bfl_layout());
   for (const auto& [name, t] : src.tensors()) r.parameters += shape_numel(t.shape);
 
+  const std::string cls = scan.config ? qwen::class_name(*scan.config) : "";
+  if (cls == "QwenImage21Transformer2DModel" || cls == "QwenImageTransformer2DModel") {
+    const bool v21 = cls == "QwenImage21Transformer2DModel";
+    r.family = v21 ? "Qwen-Image-2.1" : "Qwen-Image";
+    try {
+      std::vector<ExpectedTensor> table;
+      if (v21) {
+        const qwen::Config21 c =
+            qwen::Config21::from_json(*scan.config, scan.path + "/config.json");
+        table = qwen::weight_table(c);
+        r.config_json = c.to_json().dump();
+        r.variant = "Qwen-Image-2.1 (" + std::to_string(c.num_layers) + " blocks, width " +
+                    std::to_string(c.dim()) + "); exact prefix cache " +
+                    (c.causal_condition ? "available (causal_condition)"
+                                        : "unavailable (no causal_condition)");
+      } else {
+        const qwen::ConfigQwenImage c =
+            qwen::ConfigQwenImage::from_json(*scan.config, scan.path + "/config.json");
+        table = qwen::weight_table(c);
+        r.config_json = c.to_json().dump();
+        r.variant = "Qwen-Image (" + std::to_string(c.num_layers) + " dual-stream blocks, width " +
+                    std::to_string(c.dim()) + "); no exact conditioning cache";
+      }
+      for (const std::string& p : check_against_table(scan.tensors, table)) r.problems.push_back(p);
+    } catch (const Error& e) {
+      r.problems.push_back(e.what());
+    }
+    return r;
+  }
   if (!looks_like_flux2(scan, src)) {
     r.family = "unknown";
-    std::string cls = "no _class_name";
-    if (scan.config && scan.config->contains("_class_name"))
-      cls = (*scan.config)["_class_name"].dump();
-    r.variant = "not a FLUX.2 transformer (" + cls + ")";
-    r.problems.push_back("flowkv does not know this model (" + cls +
-                         "); it runs Flux2Transformer2DModel checkpoints");
+    const std::string shown = cls.empty() ? "no _class_name" : "\"" + cls + "\"";
+    r.variant = "not a known transformer (" + shown + ")";
+    r.problems.push_back("flowkv does not know this model (" + shown +
+                         "); it runs FLUX.2, Qwen-Image and Qwen-Image-2.1 transformers");
     return r;
   }
   r.family = "FLUX.2";
