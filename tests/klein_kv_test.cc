@@ -8,6 +8,7 @@
 
 #include "cache/layout.h"
 #include "cost/cost_model.h"
+#include "fixtures.h"
 #include "flowkv/error.h"
 #include "golden_util.h"
 #include "models/flux2/builtin.h"
@@ -99,42 +100,7 @@ TEST(KleinKvPipeline, TwoStepDenoiseMatchesDiffusers) {
 
 // ---------------------------------------------------------------- exactness
 
-struct Fixture {
-  flux2::Config cfg;
-  flux2::Model model;
-  int64_t B = 2, L = 12, h = 6, w = 5;
-  std::vector<float> text, noise, ref1, ref2;
-  Fixture(DType dtype, const std::string& name = "tiny") {
-    EXPECT_TRUE(flux2::builtin_config(name, &cfg));
-    flux2::LoadOptions o;
-    o.auto_dtype = false;
-    o.compute = dtype;
-    model = flux2::Model::from_source(flux2::WeightSource(flux2::random_weights(cfg, 9, dtype)),
-                                      cfg, o);
-    const int64_t C = cfg.in_channels;
-    text.resize(B * L * cfg.joint_attention_dim);
-    noise.resize(B * h * w * C);
-    ref1.resize(B * 4 * 3 * C);
-    ref2.resize(B * 2 * 5 * C);
-    flux2::fill_normal(text.data(), text.size(), 11);
-    flux2::fill_normal(noise.data(), noise.size(), 12);
-    flux2::fill_normal(ref1.data(), ref1.size(), 13);
-    flux2::fill_normal(ref2.data(), ref2.size(), 14);
-  }
-  KleinKVRequest request(RefMode mode, int steps) const {
-    KleinKVRequest r;
-    r.batch = B;
-    r.text = text.data();
-    r.text_tokens = L;
-    r.noise = noise.data();
-    r.height = h;
-    r.width = w;
-    r.refs = {{ref1.data(), 4, 3}, {ref2.data(), 2, 5}};  // two references of different sizes
-    r.steps = steps;
-    r.mode = mode;
-    return r;
-  }
-};
+using Fixture = test::KleinFixture;
 
 void expect_cached_equals_recompute(DType dtype) {
   const Fixture f(dtype);

@@ -5,6 +5,7 @@
 
 #include "cache/layout.h"
 #include "cost/cost_model.h"
+#include "fixtures.h"
 #include "flowkv/error.h"
 #include "golden_util.h"
 #include "models/common/random_weights.h"
@@ -97,62 +98,7 @@ TEST(Qwen21Pipeline, FixedSampleSigmasGridMatchesDiffusers) {
 
 // ---------------------------------------------------------------- exactness
 
-struct Fixture {
-  qwen::Config21 cfg;
-  qwen::Model21 model;
-  int64_t B = 2;
-  qwen::Grid target{4, 6};
-  std::vector<qwen::Grid> conds;
-  std::vector<float> text, ntext, cond, noise;
-  std::vector<uint8_t> slots, nslots, valid;
-  Fixture(DType dt, int refs) {
-    EXPECT_TRUE(qwen::builtin_config21("qwen21-tiny", &cfg));
-    qwen::LoadOptions21 o;
-    o.auto_dtype = false;
-    o.compute = dt;
-    model = qwen::Model21::from_tensors(qwen::random_weights21(cfg, 3, dt), cfg, o);
-    // Prompt rows: 3 text, [ref 1: 2x4 = 2 slots], 2 text, [ref 2: 4x2 = 2 slots], 4 text.
-    const std::vector<qwen::Grid> all = {{2, 4}, {4, 2}};
-    for (int i = 0; i < refs; ++i) conds.push_back(all[static_cast<size_t>(i)]);
-    for (int i = 0; i < 3; ++i) slots.push_back(0);
-    if (refs >= 1) slots.insert(slots.end(), {1, 1});
-    slots.insert(slots.end(), {0, 0});
-    if (refs >= 2) slots.insert(slots.end(), {1, 1});
-    slots.insert(slots.end(), {0, 0, 0, 0});
-    const int64_t L = static_cast<int64_t>(slots.size());
-    nslots = slots;
-    valid.assign(static_cast<size_t>(B * L), 1);
-    valid[static_cast<size_t>(2 * L - 1)] = 0;  // batch element 1's last prompt row is padding
-    text.resize(B * L * cfg.context_in_dim);
-    ntext.resize(text.size());
-    int64_t n_cond = 0;
-    for (const auto& g : conds) n_cond += g.tokens();
-    cond.resize(B * n_cond * cfg.in_channels);
-    noise.resize(B * target.tokens() * cfg.in_channels);
-    fill_normal(text.data(), text.size(), 31);
-    fill_normal(ntext.data(), ntext.size(), 32);
-    fill_normal(cond.data(), cond.size(), 33);
-    fill_normal(noise.data(), noise.size(), 34);
-  }
-  Qwen21Request request(bool cache, bool cfg, int steps, bool batch_cfg = true) const {
-    Qwen21Request r;
-    r.batch = B;
-    const int64_t L = static_cast<int64_t>(slots.size());
-    r.prompt = {text.data(), L, slots.data(), valid.data()};
-    if (cfg) {
-      r.negative = {ntext.data(), L, nslots.data(), nullptr};
-      r.cfg_scale = 3.5f;
-      r.batch_cfg = batch_cfg;
-    }
-    r.cond = cond.data();
-    r.cond_grids = conds;
-    r.noise = noise.data();
-    r.target = target;
-    r.steps = steps;
-    r.use_cache = cache;
-    return r;
-  }
-};
+using Fixture = test::Qwen21Fixture;
 
 void expect_bit_exact(DType dt, int refs, bool cfg, bool batch_cfg) {
   const Fixture f(dt, refs);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "flowkv/flux2.h"
+#include "flowkv/step_cache.h"
 #include "flowkv/tensor.h"
 #include "flowkv/workspace.h"
 
@@ -35,6 +36,9 @@ struct DenoiseOptions {
   bool cache_text = false;       // exact text caching: refused, naming the broken rules
   bool text_kv_approx = false;   // the named approximation: reuse step-0 text K/V
   int64_t kv_budget_bytes = -1;  // refuse before the run when the cache needs more (-1: none)
+  // Approximate step caches composed with the exact cache, e.g. {"taylorseer:interval=2"}
+  // (see step_cache_policies()). Empty: none.
+  std::vector<std::string> step_caches;
   std::function<void(int step, int steps)> on_step;
 };
 
@@ -43,9 +47,10 @@ struct DenoiseResult {
   std::vector<float> sigmas;
   std::vector<double> step_seconds;  // transformer time per step
   double transformer_seconds = 0;
-  double loop_seconds = 0;  // the whole loop: set-up, schedule, transformer, scheduler steps
-  int64_t kv_bytes = 0;     // the request's KV memory payload
-  bool approximate = false;
+  double loop_seconds = 0;   // the whole loop: set-up, schedule, transformer, scheduler steps
+  int64_t kv_bytes = 0;      // the request's KV memory payload
+  bool approximate = false;  // the named text-KV approximation was used
+  std::vector<StepCacheStats> step_caches;
 };
 
 DenoiseResult denoise_klein_kv(const Flux2Transformer& model, const DenoiseInputs& in,

@@ -58,6 +58,9 @@ struct Qwen21Options {
   bool batch_cfg = true;       // both branches in one forward when their layouts match
   std::vector<double> sigmas;  // a fixed grid (sample_sigmas); sets the step count
   int64_t kv_budget_bytes = -1;
+  // Approximate step caches composed with the prefix cache (see step_cache_policies()); with
+  // any, the CFG branches run as separate calls with their own state.
+  std::vector<std::string> step_caches;
   std::function<void(int step, int steps)> on_step;
 };
 

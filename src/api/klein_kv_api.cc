@@ -46,6 +46,7 @@ pipeline::KleinKVRequest to_request(const Flux2Transformer& model, const Denoise
   r.text_kv_approx = o.text_kv_approx;
   r.kv_budget_bytes = o.kv_budget_bytes;
   r.on_step = o.on_step;
+  r.step_caches = o.step_caches;
   return r;
 }
 
@@ -65,6 +66,7 @@ DenoiseResult denoise_klein_kv(const Flux2Transformer& model, const DenoiseInput
   out.loop_seconds = res.loop_seconds;
   out.kv_bytes = res.kv_bytes;
   out.approximate = res.plan.approximate;
+  out.step_caches = res.step_caches;
   return out;
 }
 

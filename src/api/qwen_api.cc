@@ -98,6 +98,7 @@ void to_request(const QwenImage21Transformer& m, const Qwen21Inputs& in, const Q
   q.r.sigmas = o.sigmas;
   q.r.kv_budget_bytes = o.kv_budget_bytes;
   q.r.on_step = o.on_step;
+  q.r.step_caches = o.step_caches;
 }
 
 KVPrediction predict(const qwen::Config21& c, const std::string& name, int64_t text,
@@ -206,6 +207,7 @@ DenoiseResult denoise_qwen21(const QwenImage21Transformer& m, const Qwen21Inputs
   out.transformer_seconds = res.transformer_seconds;
   out.loop_seconds = res.loop_seconds;
   out.kv_bytes = res.kv_bytes;
+  out.step_caches = res.step_caches;
   return out;
 }
 

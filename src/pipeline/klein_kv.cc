@@ -6,6 +6,7 @@
 
 #include "flowkv/error.h"
 #include "models/flux2/layout.h"
+#include "pipeline/step_caches.h"
 
 namespace flowkv::pipeline {
 
@@ -131,6 +132,7 @@ KleinKVResult run_klein_kv(const ExecContext& ctx, const flux2::Model& m, const 
   if (bf16) {
     for (float& v : res.latents) v = round_bf16(v);
   }
+  StepCaches step_caches(r.step_caches, m.topology());
   std::vector<float> velocity(static_cast<size_t>(B * N * c.out_features()));
   std::vector<float> timestep(static_cast<size_t>(B));
   for (int k = 0; k < r.steps; ++k) {
@@ -159,6 +161,12 @@ KleinKVResult run_klein_kv(const ExecContext& ctx, const flux2::Model& m, const 
     } else if (refs_cached) {
       a.ref_kv.memory = ref_mem.get();
     }
+    cache::StepContext sc;
+    sc.step = k, sc.num_steps = r.steps;
+    sc.sigma = static_cast<float>(res.schedule.sigmas[static_cast<size_t>(k)]);
+    sc.timestep = static_cast<float>(res.schedule.timesteps[static_cast<size_t>(k)]);
+    sc.prefill = first && (refs_cached || text_cached);
+    a.hooks = step_caches.at(sc);
     const double t0 = now();
     m.forward(ctx, a);
     res.step_seconds.push_back(now() - t0);
@@ -169,6 +177,7 @@ KleinKVResult run_klein_kv(const ExecContext& ctx, const flux2::Model& m, const 
     if (r.observe) r.observe(k, velocity.data(), res.latents.data());
     if (r.on_step) r.on_step(k + 1, r.steps);
   }
+  res.step_caches = step_caches.stats();
   res.loop_seconds = now() - t_start;
   return res;
 }

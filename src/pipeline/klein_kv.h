@@ -10,6 +10,7 @@
 
 #include "cache/layout.h"
 #include "core/exec_context.h"
+#include "flowkv/step_cache.h"
 #include "models/flux2/model.h"
 #include "sched/flow_match.h"
 
@@ -36,7 +37,10 @@ struct KleinKVRequest {
   float ref_timestep = 0.0f;
   int64_t kv_budget_bytes = -1;  // -1: no limit
   sched::FlowMatchConfig scheduler = sched::flux2_scheduler_config();
-  std::vector<double> sigmas;                        // empty: linspace(1, 1/n, n)
+  std::vector<double> sigmas;  // empty: linspace(1, 1/n, n)
+  // Approximate step caches, "name[:k=v,...]" each (fresh state for this request). They see the
+  // text and target streams; the references always run (or come from the exact cache).
+  std::vector<std::string> step_caches;
   std::function<void(int step, int steps)> on_step;  // progress
   // Sees every step's velocity and the latents after its update (tests).
   std::function<void(int step, const float* velocity, const float* latents)> observe;
@@ -51,6 +55,7 @@ struct KleinKVResult {
   double loop_seconds = 0;
   int64_t kv_bytes = 0;  // KV memory payload held by the request
   CachePlan plan;
+  std::vector<StepCacheStats> step_caches;
 };
 
 // Bytes the request's KV memories would hold, checked against the budget before any work.

@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "flowkv/error.h"
+#include "pipeline/step_caches.h"
 
 namespace flowkv::pipeline {
 
@@ -110,7 +111,9 @@ Qwen21Result run_qwen21(const ExecContext& ctx, const qwen::Model21& m, const Qw
   }
   // Branches: cond alone, or cond and uncond (batched when their layouts match).
   std::vector<Branch> branches(1);
-  res.batched_cfg = res.cfg && r.batch_cfg && same_layout(r.prompt, r.negative);
+  StepCaches step_caches(r.step_caches, m.topology());
+  res.batched_cfg =
+      res.cfg && r.batch_cfg && !step_caches.active() && same_layout(r.prompt, r.negative);
   if (res.batched_cfg) {
     fill_branch(branches[0], m, r, {&r.prompt, &r.negative});
   } else {
@@ -136,7 +139,20 @@ Qwen21Result run_qwen21(const ExecContext& ctx, const qwen::Model21& m, const Qw
   for (int k = 0; k < steps; ++k) {
     const float t = sched::model_timestep(res.schedule.timesteps[static_cast<size_t>(k)], bf16);
     double step_seconds = 0;
-    for (Branch& br : branches) {
+    std::vector<bool> ran(branches.size(), true);
+    cache::StepContext sc;
+    sc.step = k, sc.num_steps = steps, sc.cfg = res.cfg;
+    sc.sigma = res.schedule.sigmas[static_cast<size_t>(k)];
+    sc.timestep = res.schedule.timesteps[static_cast<size_t>(k)];
+    for (size_t bi = 0; bi < branches.size(); ++bi) {
+      Branch& br = branches[bi];
+      sc.branch = static_cast<int>(bi);
+      sc.prefill = br.memory && k == 0;
+      if (step_caches.active()) {
+        step_caches.policy().set_step(sc);
+        ran[bi] = step_caches.policy().run_branch(sc);
+        if (!ran[bi]) continue;  // filled from the conditional output below
+      }
       const int64_t reps = br.batch / B;  // the same latents for every prompt in the batch
       target_in.clear();
       for (int64_t i = 0; i < reps; ++i)
@@ -147,9 +163,20 @@ Qwen21Result run_qwen21(const ExecContext& ctx, const qwen::Model21& m, const Qw
       a.timestep = timestep.data();
       if (br.memory && k == 0) a.prefix_kv.store = br.memory.get();
       if (br.memory && k > 0) a.prefix_kv.memory = br.memory.get();
+      a.hooks = step_caches.at(sc);
       const double t0 = now();
       m.forward(ctx, a);
       step_seconds += now() - t0;
+    }
+    if (branches.size() == 2 && step_caches.active()) {
+      sc.branch = 1;
+      const float* cv = branches[0].out.data();
+      float* uv = branches[1].out.data();
+      if (!ran[1]) {
+        step_caches.policy().fill_branch(sc, cv, uv, B, T, C, r.target.h, r.target.w);
+      } else {
+        step_caches.policy().observe_branches(sc, cv, uv, B, T, C, r.target.h, r.target.w);
+      }
     }
     res.step_seconds.push_back(step_seconds);
     res.transformer_seconds += step_seconds;
@@ -173,6 +200,7 @@ Qwen21Result run_qwen21(const ExecContext& ctx, const qwen::Model21& m, const Qw
     if (r.observe) r.observe(k, cond_v, uncond_v, v.data(), res.latents.data());
     if (r.on_step) r.on_step(k + 1, steps);
   }
+  res.step_caches = step_caches.stats();
   res.loop_seconds = now() - t_start;
   return res;
 }

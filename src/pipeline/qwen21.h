@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/exec_context.h"
+#include "flowkv/step_cache.h"
 #include "models/qwen_image/model21.h"
 #include "sched/flow_match.h"
 
@@ -35,6 +36,10 @@ struct Qwen21Request {
   std::vector<double> sigmas;  // a fixed grid (sample_sigmas); sets the step count
   sched::FlowMatchConfig scheduler = sched::qwen_image_scheduler_config();
   int64_t kv_budget_bytes = -1;
+  // Approximate step caches, "name[:k=v,...]" each (fresh state for this request). They see the
+  // target; the prefix always runs or comes from its exact cache. With any policy the two CFG
+  // branches run as separate calls, each with its own policy state.
+  std::vector<std::string> step_caches;
   std::function<void(int step, int steps)> on_step;
   std::function<void(int step, const float* cond_v, const float* uncond_v, const float* v,
                      const float* latents)>
@@ -51,6 +56,7 @@ struct Qwen21Result {
   int64_t kv_bytes = 0;
   bool cfg = false;
   bool batched_cfg = false;
+  std::vector<StepCacheStats> step_caches;
 };
 
 int64_t planned_kv_bytes(const qwen::Model21& m, const Qwen21Request& r);

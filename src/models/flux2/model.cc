@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string>
 
+#include "cache/hooks.h"
 #include "flowkv/error.h"
 #include "models/common/blocks.h"
 #include "models/common/embeddings.h"
@@ -117,20 +118,37 @@ DoublePrep prepare_double(const Run& r, const Stream& s, const ops::Linear& proj
   return p;
 }
 
-// Gated attention output, then the gated SwiGLU MLP (T:947-964).
-void finish_double(const Run& r, Stream& s, Mat attn, const ops::Linear& out,
-                   const ops::Linear& ff_in, const ops::Linear& ff_out) {
+// The MLP sublayer's output: SwiGLU MLP of the modulated LayerNorm (T:951-953).
+void mlp_output(const Run& r, const Stream& s, const ops::Linear& ff_in, const ops::Linear& ff_out,
+                Mat y) {
   ArenaScope scope(r.ws);
   const int64_t rows = s.x.rows;
-  Mat y = alloc(r.ws, rows, r.D), n = alloc(r.ws, rows, r.D), h = alloc(r.ws, rows, 2 * r.F),
-      u = alloc(r.ws, rows, r.F);
-  out.forward(r.ec, attn, y);
-  ops::gated_add(r.ec, s.x, y, chunk(s, 2, r.D));
+  Mat n = alloc(r.ws, rows, r.D), h = alloc(r.ws, rows, 2 * r.F), u = alloc(r.ws, rows, r.F);
   ops::layer_norm_modulate(r.ec, s.x, n, chunk(s, 4, r.D), chunk(s, 3, r.D), r.eps);
   ff_in.forward(r.ec, n, h);
   ops::swiglu(r.ec, h, u);
   ff_out.forward(r.ec, u, y);
+}
+
+// Gated attention output, then the gated SwiGLU MLP (T:947-964).
+void finish_double(const Run& r, Stream& s, Mat attn, const ops::Linear& out,
+                   const ops::Linear& ff_in, const ops::Linear& ff_out) {
+  ArenaScope scope(r.ws);
+  Mat y = alloc(r.ws, s.x.rows, r.D);
+  out.forward(r.ec, attn, y);
+  ops::gated_add(r.ec, s.x, y, chunk(s, 2, r.D));
+  mlp_output(r, s, ff_in, ff_out, y);
   ops::gated_add(r.ec, s.x, y, chunk(s, 5, r.D));
+}
+
+// A sublayer's outputs for the hooks, laid out as the residual streams: [text,] target.
+cache::Streams outputs(const Run& r, Mat txt, int64_t txt_seq, Mat img, int64_t img_seq,
+                       int64_t batch_rows = 0) {
+  cache::Streams o;
+  o.batch = r.B;
+  if (txt_seq > 0) o.s.push_back({"text", txt, txt_seq, batch_rows});
+  o.s.push_back({"target", img, img_seq, batch_rows});
+  return o;
 }
 
 // Sources text and target queries read, in diffusers' order: [txt, refs, img]. Text and refs
@@ -152,19 +170,27 @@ TracePart part(const Stream* s, Mat m) {
   return {m, s ? s->seq : 0};
 }
 
-void double_block(const Run& r, int64_t i, Stream* txt, Stream& img, Stream* ref) {
+// `dynamic`: run the text and target streams (false when a step cache skips this block; the
+// references, cached exactly, always run).
+void double_block(const Run& r, int64_t i, Stream* txt, Stream& img, Stream* ref, bool dynamic) {
   const DoubleBlockWeights& w = r.w.doubles[static_cast<size_t>(i)];
   const ExecContext& ec = r.ec;
+  cache::BlockHooks* hooks = r.a.hooks;
   const std::string p = "transformer_blocks." + std::to_string(i) + ".";
   ArenaScope scope(r.ws);
+  const bool reuse_attn =
+      dynamic && hooks && hooks->reuse(static_cast<int>(i), cache::Sublayer::kAttention);
+  const bool attend_dyn = dynamic && !reuse_attn;
+  FLOWKV_CHECK(attend_dyn || !(txt && r.a.txt_kv.store), "a step cache skipped ", p,
+               "attn while the text K/V were being stored: the prefill call must compute");
   trace_parts(ec, p + "in_img", r.B, {part(ref, ref ? ref->x : Mat{}), part(&img, img.x)});
   if (txt) trace_parts(ec, p + "in_txt", r.B, {part(txt, txt->x)});
 
   DoublePrep pt, pi, pr;
-  if (txt) pt = prepare_double(r, *txt, w.qkv_txt, w.norm_added_q, w.norm_added_k);
-  pi = prepare_double(r, img, w.qkv, w.norm_q, w.norm_k);
+  if (attend_dyn && txt) pt = prepare_double(r, *txt, w.qkv_txt, w.norm_added_q, w.norm_added_k);
+  if (attend_dyn) pi = prepare_double(r, img, w.qkv, w.norm_q, w.norm_k);
   if (ref) pr = prepare_double(r, *ref, w.qkv, w.norm_q, w.norm_k);
-  if (ec.tracer) {
+  if (ec.tracer && attend_dyn) {
     trace_parts(ec, p + "norm1", r.B, {part(ref, pr.norm), part(&img, pi.norm)});
     if (txt) trace_parts(ec, p + "norm1_context", r.B, {part(txt, pt.norm)});
     const char* names[] = {"attn.q", "attn.k", "attn.v"};
@@ -176,24 +202,51 @@ void double_block(const Run& r, int64_t i, Stream* txt, Stream& img, Stream* ref
                   r.H);
     }
   }
-  if (txt) store_kv(r.a.txt_kv.store, i, pt.qkv, r.D);
+  if (attend_dyn && txt) store_kv(r.a.txt_kv.store, i, pt.qkv, r.D);
   if (ref) store_kv(r.a.ref_kv.store, i, pr.qkv, r.D);
 
-  const ops::KVSource kv_img = live_kv(pi.qkv, r.D, img.seq);
   ops::KVSource kv_txt, kv_ref;
-  if (txt) kv_txt = live_kv(pt.qkv, r.D, txt->seq);
   if (ref) kv_ref = live_kv(pr.qkv, r.D, ref->seq);
-  const auto sources =
-      joint_sources(r, i, txt ? &kv_txt : nullptr, ref ? &kv_ref : nullptr, kv_img);
-  if (txt) attend(r, pt.qkv.cols_slice(0, r.D), txt->seq, sources, pt.attn);
-  attend(r, pi.qkv.cols_slice(0, r.D), img.seq, sources, pi.attn);
+  if (attend_dyn) {
+    const ops::KVSource kv_img = live_kv(pi.qkv, r.D, img.seq);
+    if (txt) kv_txt = live_kv(pt.qkv, r.D, txt->seq);
+    const auto sources =
+        joint_sources(r, i, txt ? &kv_txt : nullptr, ref ? &kv_ref : nullptr, kv_img);
+    if (txt) attend(r, pt.qkv.cols_slice(0, r.D), txt->seq, sources, pt.attn);
+    attend(r, pi.qkv.cols_slice(0, r.D), img.seq, sources, pi.attn);
+  }
   if (ref) attend(r, pr.qkv.cols_slice(0, r.D), ref->seq, {kv_ref}, pr.attn);  // refs see refs
-  trace_parts(
-      ec, p + "attn.out", r.B,
-      {part(txt, txt ? pt.attn : Mat{}), part(ref, ref ? pr.attn : Mat{}), part(&img, pi.attn)});
+  if (attend_dyn) {
+    trace_parts(
+        ec, p + "attn.out", r.B,
+        {part(txt, txt ? pt.attn : Mat{}), part(ref, ref ? pr.attn : Mat{}), part(&img, pi.attn)});
+  }
 
-  if (txt) finish_double(r, *txt, pt.attn, w.out_txt, w.ff_txt_in, w.ff_txt_out);
-  finish_double(r, img, pi.attn, w.out, w.ff_in, w.ff_out);
+  if (dynamic) {
+    // Attention sublayer (after its output projection), then the MLP sublayer; a step cache
+    // may provide either.
+    const int64_t L = txt ? txt->seq : 0;
+    Mat yt = alloc(r.ws, r.B * L, r.D), yi = alloc(r.ws, img.x.rows, r.D);
+    cache::Streams y = outputs(r, yt, L, yi, img.seq);
+    if (reuse_attn) {
+      hooks->fetch(static_cast<int>(i), cache::Sublayer::kAttention, y);
+    } else {
+      if (txt) w.out_txt.forward(ec, pt.attn, yt);
+      w.out.forward(ec, pi.attn, yi);
+      if (hooks) hooks->store(static_cast<int>(i), cache::Sublayer::kAttention, y);
+    }
+    if (txt) ops::gated_add(ec, txt->x, yt, chunk(*txt, 2, r.D));
+    ops::gated_add(ec, img.x, yi, chunk(img, 2, r.D));
+    if (hooks && hooks->reuse(static_cast<int>(i), cache::Sublayer::kMlp)) {
+      hooks->fetch(static_cast<int>(i), cache::Sublayer::kMlp, y);
+    } else {
+      if (txt) mlp_output(r, *txt, w.ff_txt_in, w.ff_txt_out, yt);
+      mlp_output(r, img, w.ff_in, w.ff_out, yi);
+      if (hooks) hooks->store(static_cast<int>(i), cache::Sublayer::kMlp, y);
+    }
+    if (txt) ops::gated_add(ec, txt->x, yt, chunk(*txt, 5, r.D));
+    ops::gated_add(ec, img.x, yi, chunk(img, 5, r.D));
+  }
   if (ref) finish_double(r, *ref, pr.attn, w.out, w.ff_in, w.ff_out);
   trace_parts(ec, p + "out_img", r.B, {part(ref, ref ? ref->x : Mat{}), part(&img, img.x)});
   if (txt) trace_parts(ec, p + "out_txt", r.B, {part(txt, txt->x)});
@@ -224,17 +277,25 @@ void finish_single(const Run& r, Stream& s, const SinglePrep& p, const SingleBlo
   ops::gated_add(r.ec, s.x, y, chunk(s, 2, r.D));
 }
 
-// live: the joint [txt; img] stream (txt_rows = 0 when text comes from memory).
-void single_block(const Run& r, int64_t j, Stream& live, int64_t txt_rows, Stream* ref) {
+// live: the joint [txt; img] stream (txt_rows = 0 when text comes from memory). `dynamic` as
+// for the double block; the fused to_out output is this block's one hookable sublayer.
+void single_block(const Run& r, int64_t j, Stream& live, int64_t txt_rows, Stream* ref,
+                  bool dynamic) {
   const SingleBlockWeights& w = r.w.singles[static_cast<size_t>(j)];
   const ExecContext& ec = r.ec;
+  cache::BlockHooks* hooks = r.a.hooks;
   const int64_t layer = r.w.cfg.num_layers + j, S = live.seq, N = S - txt_rows;
+  const int block = static_cast<int>(layer);
   const std::string p = "single_transformer_blocks." + std::to_string(j) + ".";
   ArenaScope scope(r.ws);
+  const bool reuse = dynamic && hooks && hooks->reuse(block, cache::Sublayer::kAttention);
+  const bool compute_dyn = dynamic && !reuse;
+  FLOWKV_CHECK(compute_dyn || !(txt_rows > 0 && r.a.txt_kv.store), "a step cache skipped ", p,
+               "attn while the text K/V were being stored: the prefill call must compute");
   // Traces in diffusers' order [txt, ref, img]: the live stream's text rows, the references,
   // the live stream's image rows.
   auto trace3 = [&](const std::string& name, Mat live_m, Mat ref_m, int64_t heads = 0) {
-    if (!ec.tracer) return;
+    if (!ec.tracer || !compute_dyn) return;
     trace_parts(ec, name, r.B,
                 {TracePart{live_m, txt_rows, S}, TracePart{ref_m, ref ? ref->seq : 0},
                  TracePart{live_m.rows_slice(txt_rows, live_m.rows - txt_rows), N, S}},
@@ -242,27 +303,40 @@ void single_block(const Run& r, int64_t j, Stream& live, int64_t txt_rows, Strea
   };
   trace3(p + "in", live.x, ref ? ref->x : Mat{});
 
-  SinglePrep pl = prepare_single(r, live, w), pr;
+  SinglePrep pl, pr;
+  if (compute_dyn) pl = prepare_single(r, live, w);
   if (ref) pr = prepare_single(r, *ref, w);
   trace3(p + "norm", pl.norm, pr.norm);
   trace3(p + "attn.q", pl.h.cols_slice(0, r.D), pr.h.cols_slice(0, r.D), r.H);
   trace3(p + "attn.k", pl.h.cols_slice(r.D, r.D), pr.h.cols_slice(r.D, r.D), r.H);
   trace3(p + "attn.v", pl.h.cols_slice(2 * r.D, r.D), pr.h.cols_slice(2 * r.D, r.D), r.H);
-  if (txt_rows > 0) store_kv(r.a.txt_kv.store, layer, pl.h, r.D, S);
+  if (compute_dyn && txt_rows > 0) store_kv(r.a.txt_kv.store, layer, pl.h, r.D, S);
   if (ref) store_kv(r.a.ref_kv.store, layer, pr.h, r.D);
 
-  const Mat img_rows = pl.h.rows_slice(txt_rows, pl.h.rows - txt_rows);
-  const ops::KVSource kv_img = live_kv(img_rows, r.D, N, S);
   ops::KVSource kv_txt, kv_ref;
-  if (txt_rows > 0) kv_txt = live_kv(pl.h, r.D, txt_rows, S);
   if (ref) kv_ref = live_kv(pr.h, r.D, ref->seq);
-  const auto sources =
-      joint_sources(r, layer, txt_rows > 0 ? &kv_txt : nullptr, ref ? &kv_ref : nullptr, kv_img);
-  attend(r, pl.h.cols_slice(0, r.D), S, sources, pl.cat.cols_slice(0, r.D));
+  if (compute_dyn) {
+    const Mat img_rows = pl.h.rows_slice(txt_rows, pl.h.rows - txt_rows);
+    const ops::KVSource kv_img = live_kv(img_rows, r.D, N, S);
+    if (txt_rows > 0) kv_txt = live_kv(pl.h, r.D, txt_rows, S);
+    const auto sources =
+        joint_sources(r, layer, txt_rows > 0 ? &kv_txt : nullptr, ref ? &kv_ref : nullptr, kv_img);
+    attend(r, pl.h.cols_slice(0, r.D), S, sources, pl.cat.cols_slice(0, r.D));
+  }
   if (ref) attend(r, pr.h.cols_slice(0, r.D), ref->seq, {kv_ref}, pr.cat.cols_slice(0, r.D));
   trace3(p + "attn.out", pl.cat.cols_slice(0, r.D), pr.cat.cols_slice(0, r.D));
 
-  finish_single(r, live, pl, w);
+  if (dynamic) {
+    Mat y = alloc(r.ws, live.x.rows, r.D);
+    cache::Streams ys = outputs(r, y, txt_rows, y.rows_slice(txt_rows, y.rows - txt_rows), N, S);
+    if (reuse) {
+      hooks->fetch(block, cache::Sublayer::kAttention, ys);
+    } else {
+      w.out.forward(ec, pl.cat, y);
+      if (hooks) hooks->store(block, cache::Sublayer::kAttention, ys);
+    }
+    ops::gated_add(ec, live.x, y, chunk(live, 2, r.D));
+  }
   if (ref) finish_single(r, *ref, pr, w);
   trace3(p + "out", live.x, ref ? ref->x : Mat{});
 }
@@ -396,8 +470,25 @@ void Model::forward(const ExecContext& ec, const ForwardArgs& a) const {
   txt.cos = cos, txt.sin = sin, txt.mod = mods.txt, txt.mod_width = 6 * D;
   img.cos = cos + L * hd, img.sin = sin + L * hd, img.mod = mods.img, img.mod_width = 6 * D;
   ref.cos = ref_cos, ref.sin = ref_sin, ref.mod = ref_mods.img, ref.mod_width = 6 * D;
+  // Step-cache hooks see the dynamic streams: text (when live) and target.
+  cache::BlockHooks* hooks = a.hooks;
+  cache::Streams streams = outputs(r, txt.x, L, img.x, N);
+  if (hooks) {
+    Mat probe{};
+    if (hooks->wants_probe()) {  // block 0's modulated target input
+      probe = alloc(r.ws, B * N, D);
+      ops::layer_norm_modulate(ec, img.x, probe, chunk(img, 1, D), chunk(img, 0, D), r.eps);
+    }
+    hooks->begin(streams, probe);
+  }
+  auto run_block = [&](int64_t blk) {
+    return !hooks ||
+           hooks->before_block(static_cast<int>(blk), streams) == cache::BlockAction::kRun;
+  };
   for (int64_t i = 0; i < c.num_layers; ++i) {
-    double_block(r, i, L > 0 ? &txt : nullptr, img, R > 0 ? &ref : nullptr);
+    const bool run = run_block(i);
+    double_block(r, i, L > 0 ? &txt : nullptr, img, R > 0 ? &ref : nullptr, run);
+    if (hooks) hooks->after_block(static_cast<int>(i), streams);
   }
 
   // 5. Single-stream blocks over the joint [txt; img] stream (references stay apart).
@@ -408,9 +499,13 @@ void Model::forward(const ExecContext& ec, const ForwardArgs& a) const {
     copy_rows(img.x.rows_slice(b * N, N), live.x.rows_slice(b * S + L, N));
   }
   ref.mod = ref_mods.single, ref.mod_width = 3 * D;
+  streams = outputs(r, live.x, L, live.x.rows_slice(L, live.x.rows - L), N, S);
   for (int64_t j = 0; j < c.num_single_layers; ++j) {
-    single_block(r, j, live, L, R > 0 ? &ref : nullptr);
+    const bool run = run_block(c.num_layers + j);
+    single_block(r, j, live, L, R > 0 ? &ref : nullptr, run);
+    if (hooks) hooks->after_block(static_cast<int>(c.num_layers + j), streams);
   }
+  if (hooks) hooks->end(streams);
 
   // 6. Output: the target rows, norm_out (scale, shift from the normal temb), proj_out.
   Mat fin = alloc(r.ws, B * N, D), normed = alloc(r.ws, B * N, D), emb = alloc(r.ws, B, 2 * D);
@@ -422,6 +517,19 @@ void Model::forward(const ExecContext& ec, const ForwardArgs& a) const {
   w.proj_out.forward(ec, normed, out);
   trace_parts(ec, "norm_out", B, {{normed, N}});
   trace_parts(ec, "output", B, {{out, N}});
+}
+
+cache::Topology Model::topology() const {
+  cache::Topology t;
+  t.model = "flux2";
+  const Config& c = config();
+  for (int64_t i = 0; i < c.num_layers; ++i)
+    t.blocks.push_back({"transformer_blocks." + std::to_string(i), "double", true});
+  // A single block's fused attention+MLP output (diffusers' Flux2ParallelSelfAttention) is its
+  // one reusable sublayer.
+  for (int64_t j = 0; j < c.num_single_layers; ++j)
+    t.blocks.push_back({"single_transformer_blocks." + std::to_string(j), "single", false});
+  return t;
 }
 
 }  // namespace flowkv::flux2

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "cache/hooks.h"
 #include "cache/kv_memory.h"
 #include "core/exec_context.h"
 #include "models/flux2/config.h"
@@ -60,6 +61,9 @@ struct ForwardArgs {
   SegmentKV ref_kv;
   // Output velocity [B, N, out_features].
   float* out = nullptr;
+  // Approximate step caches (may skip blocks or reuse sublayer outputs of the text and target
+  // streams; never the references). nullptr: every block runs.
+  cache::BlockHooks* hooks = nullptr;
 };
 
 class Model {
@@ -79,6 +83,8 @@ class Model {
   int64_t weight_bytes() const;
 
   void forward(const ExecContext& ctx, const ForwardArgs& args) const;
+  // Double blocks then single blocks, for step-cache policies.
+  cache::Topology topology() const;
 
   struct Weights;  // defined in model_weights.h
 

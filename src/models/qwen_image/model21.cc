@@ -4,6 +4,7 @@
 #include <cmath>
 #include <functional>
 
+#include "cache/hooks.h"
 #include "flowkv/error.h"
 #include "models/common/blocks.h"
 #include "models/common/embeddings.h"
@@ -93,6 +94,14 @@ struct Seg {
   ops::ModRows scale1, gate1, scale2, gate2;  // tanh already applied to the gates
 };
 
+// The target stream as step-cache hooks see it.
+cache::Streams target_streams(int64_t batch, Mat x, int64_t seq) {
+  cache::Streams s;
+  s.batch = batch;
+  s.s.push_back({"target", x, seq, 0});
+  return s;
+}
+
 // temb for the batch's timesteps (+ a t = 0 row under causal_condition): [rows, D].
 // QwenImage21TemporalTimesteps: args = (1000 * t) * f_i in float32, [cos | sin].
 Mat time_embedding(const Run& r, int64_t rows) {
@@ -138,18 +147,38 @@ Prep prepare(const Run& r, const Seg& s, const Block21Weights& w) {
   return p;
 }
 
-// x += tanh(g1) * to_out(attn); x += tanh(g2) * out(SiLU(gate(z)) * proj(z)), z = LN(x)(1+s2).
-void finish(const Run& r, Seg& s, Mat attn, const Block21Weights& w) {
+// The MLP sublayer's output: out(SiLU(gate(z)) * proj(z)), z = LN(x)(1+s2).
+void mlp_output(const Run& r, const Seg& s, const Block21Weights& w, Mat y) {
   ArenaScope scope(r.ws);
   const int64_t rows = s.x.rows;
-  Mat y = alloc_mat(r.ws, rows, r.D), n = alloc_mat(r.ws, rows, r.D),
-      h = alloc_mat(r.ws, rows, 2 * r.M), u = alloc_mat(r.ws, rows, r.M);
-  w.out.forward(r.ec, attn, y);
-  ops::gated_add(r.ec, s.x, y, s.gate1);
+  Mat n = alloc_mat(r.ws, rows, r.D), h = alloc_mat(r.ws, rows, 2 * r.M),
+      u = alloc_mat(r.ws, rows, r.M);
   ops::layer_norm_modulate(r.ec, s.x, n, s.scale2, {}, r.eps);
   w.mlp_in.forward(r.ec, n, h);
   ops::swiglu(r.ec, h, u);
   w.mlp_out.forward(r.ec, u, y);
+}
+
+// x += tanh(g1) * to_out(attn); x += tanh(g2) * mlp(x). A step cache may provide either
+// sublayer's output (`hooks` null for the prefix, which is never approximated).
+void finish(const Run& r, Seg& s, Mat attn, const Block21Weights& w, int block,
+            cache::BlockHooks* hooks) {
+  ArenaScope scope(r.ws);
+  Mat y = alloc_mat(r.ws, s.x.rows, r.D);
+  cache::Streams ys = target_streams(r.B, y, s.seq);
+  if (hooks && hooks->reuse(block, cache::Sublayer::kAttention)) {
+    hooks->fetch(block, cache::Sublayer::kAttention, ys);
+  } else {
+    w.out.forward(r.ec, attn, y);
+    if (hooks) hooks->store(block, cache::Sublayer::kAttention, ys);
+  }
+  ops::gated_add(r.ec, s.x, y, s.gate1);
+  if (hooks && hooks->reuse(block, cache::Sublayer::kMlp)) {
+    hooks->fetch(block, cache::Sublayer::kMlp, ys);
+  } else {
+    mlp_output(r, s, w, y);
+    if (hooks) hooks->store(block, cache::Sublayer::kMlp, ys);
+  }
   ops::gated_add(r.ec, s.x, y, s.gate2);
 }
 
@@ -160,8 +189,15 @@ void attend(const Run& r, Mat q, int64_t seq, int64_t q_batch_rows,
   ops::attention(r.ec, shape, q, src, out);
 }
 
-void block(const Run& r, int64_t i, Seg* prefix, Seg& target, const uint8_t* key_valid) {
+// `dynamic`: run the target (false when a step cache skips this block; the prefix, cached
+// exactly, always runs).
+void block(const Run& r, int64_t i, Seg* prefix, Seg& target, const uint8_t* key_valid,
+           bool dynamic) {
   const Block21Weights& w = r.w.blocks[static_cast<size_t>(i)];
+  cache::BlockHooks* hooks = r.a.hooks;
+  const int blk = static_cast<int>(i);
+  // Whether the target computes its attention (the hooks may reuse it).
+  const bool attend_target = dynamic && !(hooks && hooks->reuse(blk, cache::Sublayer::kAttention));
   const ExecContext& ec = r.ec;
   const int64_t P = r.lay.P, T = r.lay.T;
   const std::string n = "transformer_blocks." + std::to_string(i) + ".";
@@ -170,9 +206,10 @@ void block(const Run& r, int64_t i, Seg* prefix, Seg& target, const uint8_t* key
     trace_parts(ec, name, r.B, {{pm, prefix ? P : 0}, {tm, T}}, heads);
   };
   trace2(n + "in", prefix ? prefix->x : Mat{}, target.x);
-  Prep pp, pt = prepare(r, target, w);
+  Prep pp, pt;
+  if (attend_target) pt = prepare(r, target, w);
   if (prefix) pp = prepare(r, *prefix, w);
-  if (ec.tracer) {
+  if (ec.tracer && attend_target) {
     trace2(n + "norm1", pp.norm, pt.norm);
     const char* names[] = {"attn.q", "attn.k", "attn.v"};
     for (int k = 0; k < 3; ++k) {
@@ -210,13 +247,15 @@ void block(const Run& r, int64_t i, Seg* prefix, Seg& target, const uint8_t* key
     }
   }
   // Target queries see everything: [prefix, target].
-  std::vector<ops::KVSource> src;
-  if (P > 0) src.push_back(prefix_kv);
-  src.push_back(live_kv(pt.qkv, r.D, T));
-  attend(r, pt.qkv.cols_slice(0, r.D), T, 0, src, pt.attn);
-  trace2(n + "attn.out", pp.attn, pt.attn);
-  if (prefix) finish(r, *prefix, pp.attn, w);
-  finish(r, target, pt.attn, w);
+  if (attend_target) {
+    std::vector<ops::KVSource> src;
+    if (P > 0) src.push_back(prefix_kv);
+    src.push_back(live_kv(pt.qkv, r.D, T));
+    attend(r, pt.qkv.cols_slice(0, r.D), T, 0, src, pt.attn);
+    trace2(n + "attn.out", pp.attn, pt.attn);
+  }
+  if (prefix) finish(r, *prefix, pp.attn, w, blk, nullptr);
+  if (dynamic) finish(r, target, pt.attn, w, blk, hooks);
   trace2(n + "out", prefix ? prefix->x : Mat{}, target.x);
 }
 
@@ -282,6 +321,14 @@ Model21 Model21::load(const std::string& path, const LoadOptions21& opts) {
   Model21 m;
   m.w_ = build([&](const std::string& n) { return reader.get(n); }, c, dt, opts.keep_plain);
   return m;
+}
+
+cache::Topology Model21::topology() const {
+  cache::Topology t;
+  t.model = "qwen21";
+  for (int64_t i = 0; i < config().num_layers; ++i)
+    t.blocks.push_back({"transformer_blocks." + std::to_string(i), "joint", true});
+  return t;
 }
 
 const Config21& Model21::config() const {
@@ -405,9 +452,24 @@ void Model21::forward(const ExecContext& ec, const Args21& a) const {
     trace_tensor(ec, "target_token_mask", tmask.data(), {P + T});
   }
   trace_parts(ec, "joint_in", B, {{prefix.x, prefix_live ? P : 0}, {target.x, T}});
-  for (int64_t i = 0; i < c.num_layers; ++i) {
-    block(r, i, prefix_live && P > 0 ? &prefix : nullptr, target, key_valid);
+  // Step-cache hooks see the target stream; the prefix is never approximated.
+  cache::BlockHooks* hooks = a.hooks;
+  cache::Streams streams = target_streams(B, target.x, T);
+  if (hooks) {
+    Mat probe{};
+    if (hooks->wants_probe()) {  // block 0's modulated target input
+      probe = alloc_mat(r.ws, B * T, D);
+      ops::layer_norm_modulate(ec, target.x, probe, target.scale1, {}, r.eps);
+    }
+    hooks->begin(streams, probe);
   }
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    const bool run =
+        !hooks || hooks->before_block(static_cast<int>(i), streams) == cache::BlockAction::kRun;
+    block(r, i, prefix_live && P > 0 ? &prefix : nullptr, target, key_valid, run);
+    if (hooks) hooks->after_block(static_cast<int>(i), streams);
+  }
+  if (hooks) hooks->end(streams);
 
   // norm_out (scale only, rows selected as for the blocks) and proj_out.
   Mat scale = alloc_mat(r.ws, rows, D), normed = alloc_mat(r.ws, B * T, D);

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "cache/hooks.h"
 #include "cache/kv_memory.h"
 #include "core/exec_context.h"
 #include "models/qwen_image/config.h"
@@ -50,6 +51,9 @@ struct Args21 {
   PrefixKV prefix_kv;
   float* out = nullptr;         // [B, T, out_features]: the target's velocity
   float* prefix_out = nullptr;  // optional [B, P, out_features] (diffusers returns it in prefill)
+  // Approximate step caches (may skip blocks or reuse sublayer outputs of the target; never the
+  // prefix). nullptr: every block runs.
+  cache::BlockHooks* hooks = nullptr;
 };
 
 class Model21 {
@@ -65,6 +69,8 @@ class Model21 {
   DType kv_dtype() const { return compute_dtype(); }
 
   void forward(const ExecContext& ctx, const Args21& args) const;
+  // The 32 (num_layers) joint blocks, for step-cache policies.
+  cache::Topology topology() const;
 
   struct Weights;
 

@@ -1,0 +1,33 @@
+// Approximate step caches (FirstBlockCache, DBCache, TeaCache, MagCache, TaylorSeer, FORA, PAB,
+// FasterCache): named by a spec "name[:key=value,...]" (list values separated by '/'), several
+// composed per request, state per request and per CFG branch. See docs/caches.md.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace flowkv {
+
+struct StepCachePolicy {
+  std::string name;
+  std::string summary;  // what it skips, exact or approximate, knobs and defaults
+};
+
+// The registered policies.
+std::vector<StepCachePolicy> step_cache_policies();
+
+// What one policy did over a request.
+struct StepCacheStats {
+  std::string name;
+  std::string settings;   // the knobs in effect
+  std::string decisions;  // one character per model call (C computed, s skipped,
+                          // p predicted, r reused, a approximated)
+  std::string report;     // what it was asked to measure (MagCache calibration)
+  int64_t blocks_run = 0, blocks_skipped = 0;
+  int64_t sublayers_computed = 0, sublayers_reused = 0;
+  int64_t calls_full = 0, calls_skipped = 0;
+  int64_t branches_skipped = 0;  // unconditional model calls not run (FasterCache)
+};
+
+}  // namespace flowkv

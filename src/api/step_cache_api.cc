@@ -1,0 +1,13 @@
+#include "cache/policy.h"
+#include "flowkv/step_cache.h"
+
+namespace flowkv {
+
+std::vector<StepCachePolicy> step_cache_policies() {
+  std::vector<StepCachePolicy> out;
+  for (const cache::PolicyInfo& p : cache::registered_policies())
+    out.push_back({p.name, p.summary});
+  return out;
+}
+
+}  // namespace flowkv

@@ -1,0 +1,112 @@
+// Approximate step-cache policies: created by name from a registry ("fbcache:threshold=0.2"),
+// composed through one composite, state kept per request (a policy object belongs to one
+// request) and per CFG branch (StepContext::branch), every decision logged.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cache/hooks.h"
+
+namespace flowkv::cache {
+
+// "name:key=value,key=value" parsed; typed getters check ranges and report unknown keys.
+class PolicyOptions {
+ public:
+  static PolicyOptions parse(const std::string& spec);  // spec after the name and ':'
+  double num(const std::string& key, double def);
+  int64_t integer(const std::string& key, int64_t def);
+  bool flag(const std::string& key, bool def);
+  std::string str(const std::string& key, const std::string& def);
+  std::vector<double> list(const std::string& key, const std::vector<double>& def);
+  // Throws naming any key no getter asked for.
+  void check_all_used(const std::string& policy) const;
+
+ private:
+  std::map<std::string, std::string> values_;
+  std::map<std::string, bool> used_;
+};
+
+// What a policy did, for the benchmark's columns.
+struct PolicyStats {
+  int64_t blocks_run = 0, blocks_skipped = 0;
+  int64_t sublayers_computed = 0, sublayers_reused = 0;
+  int64_t calls_full = 0, calls_skipped = 0;  // model calls with every block skipped
+  int64_t branches_skipped = 0;
+  std::string decisions;  // one character per decision, as the spec's traces: C computed,
+                          // s skipped, p predicted, r reused, a approximated
+};
+
+class Policy : public BlockHooks, public StepHooks {
+ public:
+  // Called by the pipeline before every model call (and step-level decision).
+  virtual void set_step(const StepContext& ctx) { ctx_ = ctx; }
+  virtual std::string name() const = 0;
+  virtual std::string describe() const = 0;  // the knobs in effect
+  // Anything the user asked the policy to measure (MagCache calibration), printed after a run.
+  virtual std::string report() const { return ""; }
+  const PolicyStats& stats() const { return stats_; }
+  const StepContext& step() const { return ctx_; }
+
+ protected:
+  void log(char c) { stats_.decisions.push_back(c); }
+  // A call that stores an exact cache always computes (the K/V of text cached under the named
+  // approximation are stored from the computed blocks).
+  bool must_compute() const { return ctx_.prefill; }
+  StepContext ctx_;
+  PolicyStats stats_;
+};
+
+using PolicyFactory = std::function<std::unique_ptr<Policy>(PolicyOptions&, const Topology&)>;
+
+struct PolicyInfo {
+  std::string name;
+  std::string summary;  // what it skips, exact or approximate, knobs and defaults
+  PolicyFactory make;
+};
+
+void register_policy(PolicyInfo info);
+const std::vector<PolicyInfo>& registered_policies();
+
+// Policies for one request: each spec "name[:k=v,...]" becomes a fresh policy instance.
+std::vector<std::unique_ptr<Policy>> make_policies(const std::vector<std::string>& specs,
+                                                   const Topology& topology);
+
+// Forwards to several policies (a block is skipped if any policy skips it; every policy is asked
+// whether it reuses a sublayer, so call counters stay in step, and the first that does provides
+// it; every policy observes computed outputs).
+class Composite final : public Policy {
+ public:
+  explicit Composite(std::vector<std::unique_ptr<Policy>> parts);
+  void set_step(const StepContext& ctx) override;
+  std::string name() const override;
+  std::string describe() const override;
+  std::string report() const override;
+  bool empty() const { return parts_.empty(); }
+  const std::vector<std::unique_ptr<Policy>>& parts() const { return parts_; }
+
+  void begin(const Streams& in, Mat probe) override;
+  BlockAction before_block(int block, Streams& s) override;
+  void after_block(int block, Streams& s) override;
+  bool reuse(int block, Sublayer which) override;
+  void fetch(int block, Sublayer which, Streams& out) override;
+  void store(int block, Sublayer which, const Streams& out) override;
+  void end(Streams& s) override;
+  bool wants_probe() const override;
+  bool run_branch(const StepContext& ctx) override;
+  void fill_branch(const StepContext& ctx, const float* cond, float* out, int64_t batch,
+                   int64_t tokens, int64_t channels, int64_t h, int64_t w) override;
+  void observe_branches(const StepContext& ctx, const float* cond, const float* uncond,
+                        int64_t batch, int64_t tokens, int64_t channels, int64_t h,
+                        int64_t w) override;
+
+ private:
+  std::vector<std::unique_ptr<Policy>> parts_;
+  std::vector<int> reused_by_;  // per block x sublayer: which part reuses (-1 none)
+  int declined_by_ = -1;        // which part skipped this step's branch
+};
+
+}  // namespace flowkv::cache

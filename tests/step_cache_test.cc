@@ -1,0 +1,545 @@
+// Approximate step caches: each policy's compute/skip decisions against the traces recorded
+// from diffusers' hooks (spec caches.md §13) on a scripted block stack, the edge rules of §14,
+// branch and request isolation, and the policies inside the real models: a policy that never
+// fires is bit-identical to the uncached run, and every policy composed with an exact cache
+// (Klein references, Qwen-Image-2.1 prefix) gives what it gives with the cache off.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+
+#include "cache/policy.h"
+#include "cache/spectral.h"
+#include "fixtures.h"
+#include "flowkv/error.h"
+#include "test_util.h"
+
+namespace flowkv {
+namespace {
+
+using cache::BlockAction;
+using cache::Composite;
+using cache::StepContext;
+using cache::Streams;
+using cache::Sublayer;
+
+// ---------------------------------------------------------------- a scripted block stack
+
+// A stand-in for a model's block loop: `blocks` blocks over a text and a target stream of
+// `tokens` x `cols`; block b's attention and MLP sublayers output the constant field
+// value(b, sublayer, call) (call: this branch's call index), added to both streams. Each call
+// reports the first block's attention output (computed, predicted or reused).
+struct Stack {
+  int blocks = 1;
+  int64_t tokens = 4, cols = 3;  // a 2x2 grid
+  std::function<float(int block, int sub, int call)> value = [](int, int, int) { return 0.0f; };
+  cache::Topology topology() const {
+    cache::Topology t;
+    t.model = "flux1";
+    for (int b = 0; b < blocks; ++b) t.blocks.push_back({"blocks." + std::to_string(b), "joint"});
+    return t;
+  }
+
+  struct Call {
+    std::vector<float> target;  // target stream after the stack
+    float attn0 = NAN;          // block 0's attention output (token 0, column 0)
+  };
+
+  Call run(Composite& p, const StepContext& ctx, int call, std::vector<float> target) const {
+    p.set_step(ctx);
+    std::vector<float> text(static_cast<size_t>(tokens * cols), 1.0f);
+    Streams s;
+    s.s.push_back({"text", {text.data(), tokens, cols, cols}, tokens, 0});
+    s.s.push_back({"target", {target.data(), tokens, cols, cols}, tokens, 0});
+    p.begin(s, s.s[1].x);
+    Call out;
+    std::vector<float> yt(text.size()), yi(text.size());
+    Streams y;
+    y.s.push_back({"text", {yt.data(), tokens, cols, cols}, tokens, 0});
+    y.s.push_back({"target", {yi.data(), tokens, cols, cols}, tokens, 0});
+    for (int b = 0; b < blocks; ++b) {
+      if (p.before_block(b, s) == BlockAction::kRun) {
+        for (int sub = 0; sub < 2; ++sub) {
+          const Sublayer which = sub == 0 ? Sublayer::kAttention : Sublayer::kMlp;
+          if (p.reuse(b, which)) {
+            p.fetch(b, which, y);
+          } else {
+            std::fill(yt.begin(), yt.end(), value(b, sub, call));
+            std::fill(yi.begin(), yi.end(), value(b, sub, call));
+            p.store(b, which, y);
+          }
+          if (b == 0 && sub == 0) out.attn0 = yi[0];
+          for (size_t i = 0; i < yi.size(); ++i) text[i] += yt[i], target[i] += yi[i];
+        }
+      }
+      p.after_block(b, s);
+    }
+    p.end(s);
+    out.target = target;
+    return out;
+  }
+};
+
+Composite policy(const std::string& spec, const Stack& stack) {
+  return Composite(cache::make_policies({spec}, stack.topology()));
+}
+
+StepContext step(int k, int n, float t = 500.0f, int branch = 0, bool cfg = false) {
+  StepContext c;
+  c.step = k, c.num_steps = n, c.timestep = t, c.sigma = t / 1000.0f, c.branch = branch,
+  c.cfg = cfg;
+  return c;
+}
+
+// Runs `calls` calls of one branch (one call per step) and returns the decisions.
+std::string decisions(const std::string& spec, int calls, const Stack& stack = Stack{},
+                      std::vector<float> times = {}) {
+  Composite p = policy(spec, stack);
+  for (int k = 0; k < calls; ++k) {
+    const float t = times.empty() ? 500.0f : times[static_cast<size_t>(k)];
+    stack.run(p, step(k, calls, t), k,
+              std::vector<float>(static_cast<size_t>(stack.tokens * stack.cols)));
+  }
+  return p.parts()[0]->stats().decisions;
+}
+
+// ---------------------------------------------------------------- §13.1 TaylorSeer
+
+TEST(TaylorSeerTrace, SchedulesOfTheSpec) {
+  EXPECT_EQ(decisions("taylorseer", 28), "CCCpCppppCppppCppppCppppCppp");
+  EXPECT_EQ(decisions("taylorseer:interval=5,before=10", 28), "CCCCCCCCCCpCppppCppppCppppCp");
+  EXPECT_EQ(decisions("taylorseer:interval=3,before=1", 28), "CpCppCppCppCppCppCppCppCppCp");
+  EXPECT_EQ(decisions("taylorseer:interval=1,before=3", 28), std::string(28, 'C'));
+  EXPECT_EQ(decisions("taylorseer:interval=5,before=3,after=20", 28),
+            "CCCpCppppCppppCppppCCCCCCCCC");
+  // diffusers raises at call 0; flowkv refuses the settings up front.
+  EXPECT_THROW(decisions("taylorseer:interval=4,before=0", 1), Error);
+}
+
+std::vector<float> taylor_values(const std::string& spec, std::function<float(int)> g, int n) {
+  Stack s;
+  s.value = [g](int, int sub, int call) { return sub == 0 ? g(call) : 0.0f; };
+  Composite p = policy(spec, s);
+  std::vector<float> out;
+  for (int k = 0; k < n; ++k) out.push_back(s.run(p, step(k, n), k, std::vector<float>(12)).attn0);
+  return out;
+}
+
+TEST(TaylorSeerTrace, ForecastValuesOfTheSpec) {
+  auto linear = taylor_values(
+      "taylorseer:factors=f32", [](int k) { return 1.0f + 2.0f * k; }, 12);
+  for (int k = 0; k < 12; ++k) EXPECT_EQ(linear[static_cast<size_t>(k)], 1.0f + 2.0f * k) << k;
+
+  const std::vector<float> order1 = {0, 1, 4, 7, 16, 22, 28, 34, 40, 81, 94, 107};
+  EXPECT_EQ(taylor_values(
+                "taylorseer:factors=f32", [](int k) { return float(k * k); }, 12),
+            order1);
+
+  const std::vector<float> order2 = {0, 1, 4, 8, 16, 22.75f, 31, 40.75f, 52, 81, 94.7f, 109.8f};
+  const auto got2 = taylor_values(
+      "taylorseer:factors=f32,order=2", [](int k) { return float(k * k); }, 12);
+  for (size_t k = 0; k < order2.size(); ++k) EXPECT_NEAR(got2[k], order2[k], 1e-4) << k;
+
+  // Default bf16 factors round the forecast: 1.001 + 2k predicts 7.0, 11.0, ...
+  const auto bf = taylor_values(
+      "taylorseer", [](int k) { return 1.001f + 2.0f * k; }, 12);
+  EXPECT_FLOAT_EQ(bf[3], 7.0f);
+  EXPECT_FLOAT_EQ(bf[5], 11.0f);
+  EXPECT_FLOAT_EQ(bf[4], 1.001f + 8.0f);  // computed calls return the real output
+}
+
+// ---------------------------------------------------------------- §13.2 MagCache
+
+TEST(MagCacheTrace, SchedulesOfTheSpec) {
+  EXPECT_EQ(decisions("magcache:ratios=flux1", 28), "CCCCCCsCsCsssCsssCsssCssCsCC");
+  EXPECT_EQ(decisions("magcache:ratios=flux1", 50),
+            "CCCCCCCCCCsCsCsCsCsCsssCsssCsssCsssCsssCssCsCsCCCC");
+  EXPECT_EQ(decisions("magcache:ratios=flux1", 20), "CCCCsCsCsssCsssCssCC");
+  EXPECT_EQ(decisions("magcache:ratios=flux1", 4), "CsCC");
+  EXPECT_EQ(decisions("magcache:ratios=flux1,threshold=0.1", 28), "CCCCCCsCssCsssCsssCsssCssCsC");
+  EXPECT_EQ(decisions("magcache:ratios=flux1,threshold=0.24", 28), "CCCCCCsssCsssCsssCsssCsssCss");
+  EXPECT_EQ(decisions("magcache:ratios=flux1,threshold=0.24,max_skip=5", 28),
+            "CCCCCCsssCsssssCsssssCssssCs");
+  EXPECT_EQ(decisions("magcache:ratios=flux1,threshold=0.24,max_skip=5,retention=0.1", 28),
+            "CCCssCsssCsssssCsssssCssssCs");
+}
+
+TEST(MagCacheTrace, SkippedStepIsInputPlusLastResidualAndTheTextPassesThrough) {
+  Stack s;
+  s.value = [](int, int sub, int call) { return sub == 0 ? 10.0f + call : 0.0f; };
+  Composite p = policy("magcache:ratios=flux1", s);
+  std::vector<float> in(12, 0.5f);
+  s.run(p, step(0, 4), 0, in);                       // C: residual 10
+  const auto skipped = s.run(p, step(1, 4), 1, in);  // s
+  EXPECT_EQ(p.parts()[0]->stats().decisions, "Cs");
+  EXPECT_FLOAT_EQ(skipped.target[0], 0.5f + 10.0f);
+}
+
+TEST(MagCacheTrace, CalibrationPrintsTheRatiosAsDiffusersDoes) {
+  Stack s;  // residual norms 5, 7, 9, 11: ratios 1, 7/5, 9/7, 11/9
+  s.value = [](int, int sub, int call) { return sub == 0 ? 5.0f + 2.0f * call : 0.0f; };
+  Composite p = policy("magcache:calibrate=1", s);
+  for (int k = 0; k < 4; ++k) s.run(p, step(k, 4), k, std::vector<float>(12));
+  EXPECT_EQ(p.parts()[0]->stats().decisions, "CCCC");
+  EXPECT_EQ(p.report(),
+            "\n[MagCache] Calibration Complete. Copy these values to "
+            "MagCacheConfig(mag_ratios=...):\n"
+            "[1.0, 1.399999976158142, 1.2857142686843872, 1.2222222089767456]\n\n");
+}
+
+TEST(MagCacheTrace, RatiosAreRequiredWithAnExplanation) {
+  try {
+    decisions("magcache", 1);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("calibrate=1"), std::string::npos) << e.what();
+  }
+}
+
+TEST(MagCacheTrace, RepeatsAfterNumStepsCalls) {  // the auto-reset
+  Composite p = policy("magcache:ratios=flux1", Stack{});
+  for (int k = 0; k < 56; ++k) Stack{}.run(p, step(k % 28, 28), k, std::vector<float>(12));
+  EXPECT_EQ(p.parts()[0]->stats().decisions,
+            "CCCCCCsCsCsssCsssCsssCssCsCCCCCCCCsCsCsssCsssCsssCssCsCC");
+}
+
+// ---------------------------------------------------------------- §13.3 FirstBlockCache
+
+TEST(FirstBlockCacheTrace, DecisionsOfTheSpec) {
+  const std::vector<float> r = {1.0f, 1.02f, 1.04f, 1.06f, 1.2f, 1.21f, 1.22f, 1.0f};
+  Stack s;
+  s.blocks = 3;
+  s.value = [&](int b, int sub, int call) {
+    if (sub == 1) return 0.0f;
+    return b == 0 ? r[static_cast<size_t>(call)] : 2.0f + b + 0.1f * call;
+  };
+  Composite p = policy("fbcache", s);
+  std::vector<Stack::Call> calls;
+  for (int k = 0; k < 8; ++k) calls.push_back(s.run(p, step(k, 8), k, std::vector<float>(12)));
+  EXPECT_EQ(p.parts()[0]->stats().decisions, "CssCCssC");
+  // A skipped call: head output now + (tail - head) of the last full call (call 0): the other
+  // blocks added 3 + 4 there.
+  EXPECT_FLOAT_EQ(calls[1].target[0], 1.02f + 7.0f);
+}
+
+// A threshold exactly at the change skips (strict ">" to compute, §14).
+TEST(FirstBlockCacheTrace, ChangeEqualToThresholdSkips) {
+  Stack s;
+  s.blocks = 2;
+  s.value = [](int b, int sub, int call) {
+    return b == 0 && sub == 0 ? (call == 0 ? 1.0f : 1.5f) : 0.0f;
+  };
+  EXPECT_EQ(decisions("fbcache:threshold=0.5", 2, s), "Cs");
+  EXPECT_EQ(decisions("fbcache:threshold=0.49", 2, s), "CC");
+}
+
+// ---------------------------------------------------------------- DBCache
+
+TEST(DBCacheTrace, FrontMeasuresMiddleSkipsBackComputes) {
+  Stack s;
+  s.blocks = 4;
+  s.value = [](int b, int sub, int call) {
+    if (sub == 1) return 0.0f;
+    return b == 0 ? 1.0f + 0.01f * call : 10.0f * b + call;
+  };
+  Composite p = policy("dbcache:fn=1,bn=1,threshold=0.05,warmup=2", s);
+  std::vector<Stack::Call> calls;
+  for (int k = 0; k < 5; ++k) calls.push_back(s.run(p, step(k, 5), k, std::vector<float>(12)));
+  // Calls 0, 1 warm up; call 2 (change 0.01/1.01 against call 1) skips; so do 3 and 4 (change
+  // against call 1's residual: 0.02/1.01, 0.03/1.01).
+  EXPECT_EQ(p.parts()[0]->stats().decisions, "CCsss");
+  // Skipped call 2: front now (1.02) + middle residual of call 1 (blocks 1, 2: 11 + 21) + the
+  // back block computed now (30 + 2).
+  EXPECT_FLOAT_EQ(calls[2].target[0], 1.02f + 32.0f + 32.0f);
+  EXPECT_EQ(p.parts()[0]->stats().blocks_skipped, 6);  // 2 middle blocks x 3 calls
+  EXPECT_EQ(decisions("dbcache:fn=1,bn=1,threshold=0.05,warmup=2,max_continuous=1", 5, s), "CCsCs");
+  EXPECT_THROW(decisions("dbcache:fn=3,bn=1", 1, s), Error);
+}
+
+// ---------------------------------------------------------------- TeaCache
+
+TEST(TeaCacheTrace, AccumulatesTheRescaledProbeChange) {
+  Stack s;
+  s.blocks = 2;
+  s.value = [](int, int sub, int call) { return sub == 0 ? 1.0f : 0.0f; };
+  // The probe is the target input: 1, 1.01, 1.02, ... (relative change ~0.01: f = 0.2313).
+  Composite p = policy("teacache:threshold=0.5", s);
+  for (int k = 0; k < 6; ++k) s.run(p, step(k, 6), k, std::vector<float>(12, 1.0f + 0.01f * k));
+  // 0: first step; 1: acc 0.231 < 0.5 skip; 2: 0.46 skip; 3: 0.69 compute (reset); 4: skip;
+  // 5: last step computes.
+  EXPECT_EQ(p.parts()[0]->stats().decisions, "CssCsC");
+  EXPECT_THROW(decisions("teacache:model=nothing", 1, s), Error);
+}
+
+// ---------------------------------------------------------------- FORA
+
+TEST(ForaTrace, RefreshesOnTheFirstStepAndWhenTheRemainingIndexDividesTheInterval) {
+  EXPECT_EQ(decisions("fora", 10), "CrrCrrCrrC");
+  EXPECT_EQ(decisions("fora:interval=2", 7), "CrCrCrC");
+  Stack s;
+  s.value = [](int, int sub, int call) { return sub == 0 ? 1.0f + call : 0.0f; };
+  Composite p = policy("fora", s);
+  std::vector<float> attn;
+  for (int k = 0; k < 4; ++k) attn.push_back(s.run(p, step(k, 4), k, std::vector<float>(12)).attn0);
+  EXPECT_EQ(attn, (std::vector<float>{1, 1, 1, 4}));  // i = 3 (first), 2, 1, 0 (refresh)
+}
+
+// ---------------------------------------------------------------- §13.4 PAB
+
+TEST(PyramidAttentionBroadcastTrace, DecisionsOfTheSpec) {
+  const std::vector<float> t = {999, 950, 900, 850, 800, 799, 700, 600,
+                                500, 400, 300, 200, 101, 100, 50,  0};
+  EXPECT_EQ(decisions("pab", 16, Stack{}, t), "CCCCCrCrCrCrCCCC");
+  EXPECT_EQ(decisions("pab:skip=4", 16, Stack{}, t), "CCCCCrrrCrrrCCCC");
+}
+
+// ---------------------------------------------------------------- §13.5 FasterCache
+
+struct CfgTrace {
+  std::string batch, attention;
+};
+
+CfgTrace faster_cache_trace(bool cfg) {
+  std::vector<float> t;
+  for (int k = 0; k < 25; ++k) t.push_back(999.0f - 40.0f * k);
+  t.push_back(0.0f);
+  Stack s;
+  s.value = [](int, int sub, int call) { return sub == 0 ? 1.0f + call : 0.0f; };
+  Composite p = policy("fastercache", s);
+  CfgTrace out;
+  const int n = static_cast<int>(t.size());
+  std::vector<float> cond(12), uncond(12);
+  for (int k = 0; k < n; ++k) {
+    const StepContext c = step(k, n, t[static_cast<size_t>(k)], 0, cfg);
+    cond = s.run(p, c, k, std::vector<float>(12)).target;
+    if (!cfg) continue;
+    const StepContext u = step(k, n, t[static_cast<size_t>(k)], 1, true);
+    p.set_step(u);
+    const bool ran = p.run_branch(u);
+    out.batch += ran ? '2' : '1';
+    if (ran) {
+      uncond = s.run(p, u, k, std::vector<float>(12, 0.25f)).target;
+      p.observe_branches(u, cond.data(), uncond.data(), 1, 4, 3, 2, 2);
+    } else {
+      p.fill_branch(u, cond.data(), uncond.data(), 1, 4, 3, 2, 2);
+    }
+  }
+  out.attention = p.parts()[0]->stats().decisions;
+  return out;
+}
+
+TEST(FasterCacheTrace, DecisionsOfTheSpec) {
+  const CfgTrace batched = faster_cache_trace(true);
+  EXPECT_EQ(batched.batch, "22222222212111121111211112");
+  EXPECT_EQ(batched.attention, "CCCCCCCCCaCaCaCCCaCaCaCaCC");
+  EXPECT_EQ(faster_cache_trace(false).attention, "CCCCCCCCCaCaCaCaCaCaCaCaCa");  // distilled
+}
+
+TEST(FasterCacheTrace, SkippedUnconditionalIsCondPlusTheLastDifference) {
+  // With both alphas 1 the frequency split recombines: u = c + (u_ref - c_ref) (§7.2).
+  Stack s;
+  Composite p = policy("fastercache:alpha_low=1,alpha_high=1", s);
+  std::vector<float> c_ref = test::randn(4 * 6 * 3, 1), u_ref = test::randn(4 * 6 * 3, 2),
+                     c = test::randn(4 * 6 * 3, 3), u(c.size());
+  const StepContext ctx = step(1, 10, 500, 1, true);
+  p.set_step(ctx);
+  p.observe_branches(ctx, c_ref.data(), u_ref.data(), 1, 24, 3, 4, 6);
+  ASSERT_FALSE(p.run_branch(ctx));
+  p.fill_branch(ctx, c.data(), u.data(), 1, 24, 3, 4, 6);
+  for (size_t i = 0; i < u.size(); ++i) EXPECT_NEAR(u[i], c[i] + u_ref[i] - c_ref[i], 1e-5) << i;
+}
+
+TEST(Spectral, LowFrequencyDiscAndRoundTrip) {
+  // 10x10: radius 2 around the centre after fftshift; frequency (0, 0) is inside.
+  const auto m = cache::low_frequency_mask(10, 10);
+  EXPECT_EQ(m[0], 1);
+  EXPECT_EQ(m[2], 1);                                // (0, 2): distance 2
+  EXPECT_EQ(m[3], 0);                                // (0, 3)
+  EXPECT_EQ(m[static_cast<size_t>(9 * 10 + 9)], 1);  // (-1, -1)
+  const auto x = test::randn(10 * 7 * 2, 5);
+  std::vector<float> back(x.size(), 0.0f);
+  cache::add_inverse_dft2(cache::dft2(x.data(), 10, 7, 2), back.data());
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(back[i], x[i], 1e-5);
+}
+
+// ---------------------------------------------------------------- registry and options
+
+TEST(StepCacheRegistry, UnknownPolicyAndOptionAreNamed) {
+  try {
+    decisions("nosuch", 1);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown cache policy 'nosuch'"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("taylorseer"), std::string::npos);
+  }
+  try {
+    decisions("fbcache:treshold=0.1", 1);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("has no option 'treshold'"), std::string::npos);
+  }
+  EXPECT_THROW(decisions("fbcache:threshold=abc", 1), Error);
+  EXPECT_EQ(cache::registered_policies().size(), 8u);
+}
+
+// ---------------------------------------------------------------- isolation
+
+const std::vector<std::string> kFiring = {
+    "fbcache:threshold=0.5",
+    "dbcache:fn=1,bn=1,threshold=0.5,warmup=1",
+    "teacache:threshold=0.5",
+    "magcache:ratios=flux1,threshold=0.5",
+    "taylorseer:interval=2,before=1",
+    "fora:interval=2",
+    "pab:lo=-1,hi=2000",
+};
+
+// The conditional branch's outputs do not depend on what the unconditional branch saw.
+TEST(StepCacheIsolation, BranchesNeverShareState) {
+  Stack s;
+  s.blocks = 4;
+  for (const std::string& spec : kFiring) {
+    auto run = [&](bool with_uncond) {
+      s.value = [](int b, int sub, int call) { return 0.1f * b + 0.2f * sub + 0.01f * call; };
+      Composite p = policy(spec, s);
+      std::vector<float> out;
+      for (int k = 0; k < 8; ++k) {
+        const auto c = s.run(p, step(k, 8, 500, 0, with_uncond), k, std::vector<float>(12, 1.0f));
+        out.insert(out.end(), c.target.begin(), c.target.end());
+        if (with_uncond) s.run(p, step(k, 8, 500, 1, true), k, std::vector<float>(12, -7.0f * k));
+      }
+      return std::make_pair(out, p.parts()[0]->stats().decisions);
+    };
+    const auto alone = run(false), paired = run(true);
+    EXPECT_EQ(alone.first, paired.first) << spec;
+    std::string cond_decisions;
+    for (size_t i = 0; i < paired.second.size(); i += 2) cond_decisions += paired.second[i];
+    EXPECT_EQ(alone.second, cond_decisions) << spec;
+    EXPECT_NE(alone.second.find_first_not_of('C'), std::string::npos) << spec << " never fired";
+  }
+}
+
+// ---------------------------------------------------------------- inside the models
+
+// Random-weight models change a lot from step to step: thresholds high enough to fire.
+const std::vector<std::string> kModelFiring = {
+    "fbcache:threshold=10",
+    "dbcache:fn=1,threshold=10,warmup=1",
+    "teacache:threshold=10",
+    "magcache:ratios=flux1,threshold=0.5",
+    "taylorseer:interval=2,before=1",
+    "fora:interval=2",
+    "pab:lo=-1,hi=2000",
+};
+
+std::vector<float> klein_run(const test::KleinFixture& f, pipeline::RefMode mode, int steps,
+                             const std::vector<std::string>& caches,
+                             std::vector<StepCacheStats>* stats = nullptr) {
+  Arena arena;
+  pipeline::KleinKVRequest r = f.request(mode, steps);
+  r.step_caches = caches;
+  auto res = pipeline::run_klein_kv({&arena}, f.model, r);
+  if (stats) *stats = res.step_caches;
+  return res.latents;
+}
+
+bool same(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() &&
+         test::bit_equal(a.data(), b.data(), static_cast<int64_t>(a.size()));
+}
+
+const std::vector<std::string> kNeverFiring = {
+    "fbcache:threshold=-1",  "dbcache:fn=1,threshold=0,warmup=0",
+    "teacache:threshold=0",  "magcache:ratios=flux1,threshold=-1",
+    "taylorseer:interval=1", "fora:interval=1",
+    "pab:lo=2000,hi=3000",   "fastercache:attn_lo=2000,attn_hi=3000,uncond_lo=2000,uncond_hi=3000"};
+
+TEST(StepCacheInModels, PoliciesThatNeverFireAreBitIdenticalToNoPolicy) {
+  const test::KleinFixture f(DType::kF32);
+  const auto plain = klein_run(f, pipeline::RefMode::kCached, 5, {});
+  for (const std::string& spec : kNeverFiring) {
+    std::vector<StepCacheStats> st;
+    EXPECT_TRUE(same(plain, klein_run(f, pipeline::RefMode::kCached, 5, {spec}, &st))) << spec;
+    ASSERT_EQ(st.size(), 1u);
+    EXPECT_EQ(st[0].blocks_skipped + st[0].sublayers_reused, 0) << spec;
+  }
+}
+
+// Blocks skipped or sublayers reused on the text and target streams leave the references' K/V
+// exact: cached + policy equals recompute + policy bit for bit.
+TEST(StepCacheInModels, EveryPolicyComposesWithTheKleinReferenceCache) {
+  const test::KleinFixture f(DType::kF32, "small");
+  std::vector<std::string> specs = kModelFiring;
+  specs.push_back("dbcache:fn=2,bn=1,threshold=10,warmup=1");
+  specs.push_back("fastercache");  // no CFG in Klein: attention extrapolation only
+  for (const std::string& s : specs) {
+    std::vector<StepCacheStats> st;
+    const auto cached = klein_run(f, pipeline::RefMode::kCached, 8, {s}, &st);
+    const auto recompute = klein_run(f, pipeline::RefMode::kRecompute, 8, {s});
+    EXPECT_TRUE(same(cached, recompute)) << s;
+    EXPECT_GT(st[0].blocks_skipped + st[0].sublayers_reused, 0) << s << ": " << st[0].decisions;
+  }
+  // Two policies at once, with the exact cache.
+  std::vector<StepCacheStats> st;
+  const auto both = klein_run(f, pipeline::RefMode::kCached, 8,
+                              {"taylorseer:interval=2,before=1", "pab:lo=-1,hi=2000"}, &st);
+  EXPECT_TRUE(same(both, klein_run(f, pipeline::RefMode::kRecompute, 8,
+                                   {"taylorseer:interval=2,before=1", "pab:lo=-1,hi=2000"})));
+  ASSERT_EQ(st.size(), 2u);
+}
+
+TEST(StepCacheInModels, TextKvApproximationComposesWithAStepCache) {
+  const test::KleinFixture f(DType::kF32);
+  Arena arena;
+  pipeline::KleinKVRequest r = f.request(pipeline::RefMode::kCached, 3);
+  r.text_kv_approx = true;
+  r.step_caches = {"fora:interval=2"};
+  // The prefill call computes (it stores the text K/V); later calls read them.
+  std::vector<StepCacheStats> st;
+  EXPECT_NO_THROW(st = pipeline::run_klein_kv({&arena}, f.model, r).step_caches);
+  EXPECT_EQ(st.at(0).decisions, "CrC");
+}
+
+std::vector<float> qwen_run(const test::Qwen21Fixture& f, bool cache, bool cfg, int steps,
+                            const std::vector<std::string>& caches,
+                            std::vector<StepCacheStats>* stats = nullptr) {
+  Arena arena;
+  // Branches as separate calls, as they run whenever a policy is active.
+  pipeline::Qwen21Request r = f.request(cache, cfg, steps, /*batch_cfg=*/false);
+  r.step_caches = caches;
+  auto res = pipeline::run_qwen21({&arena}, f.model, r);
+  if (stats) *stats = res.step_caches;
+  return res.latents;
+}
+
+TEST(StepCacheInModels, EveryPolicyComposesWithTheQwen21PrefixCache) {
+  const test::Qwen21Fixture f(DType::kF32, 2);
+  std::vector<std::string> specs = kModelFiring;
+  specs.push_back("fastercache:uncond_hi=2000,attn_hi=2000");
+  for (const std::string& s : specs) {
+    std::vector<StepCacheStats> st;
+    const auto cached = qwen_run(f, true, true, 8, {s}, &st);
+    const auto uncached = qwen_run(f, false, true, 8, {s});
+    EXPECT_TRUE(same(cached, uncached)) << s;
+    EXPECT_GT(st[0].blocks_skipped + st[0].sublayers_reused + st[0].branches_skipped, 0)
+        << s << ": " << st[0].decisions;
+  }
+  for (const std::string& spec : kNeverFiring) {
+    EXPECT_TRUE(same(qwen_run(f, true, true, 4, {}), qwen_run(f, true, true, 4, {spec}))) << spec;
+  }
+}
+
+// Two requests in one process: the second never sees the first's state.
+TEST(StepCacheIsolation, RequestsNeverShareState) {
+  const test::KleinFixture f(DType::kF32);
+  test::KleinFixture g(DType::kF32);
+  for (float& v : g.noise) v = -v;
+  for (const std::string& spec : kFiring) {
+    const auto a = klein_run(f, pipeline::RefMode::kCached, 6, {spec});
+    klein_run(g, pipeline::RefMode::kCached, 6, {spec});
+    EXPECT_TRUE(same(a, klein_run(f, pipeline::RefMode::kCached, 6, {spec}))) << spec;
+  }
+}
+
+}  // namespace
+}  // namespace flowkv
