@@ -529,6 +529,28 @@ TEST(StepCacheInModels, EveryPolicyComposesWithTheQwen21PrefixCache) {
   }
 }
 
+// Each hooked sublayer is asked once per call: the schedules inside the models are the ones of
+// the scripted stack (and counts are blocks x calls).
+TEST(StepCacheInModels, DecisionsFollowTheScheduleInsideBothModels) {
+  const test::KleinFixture k(DType::kF32, "small");
+  std::vector<StepCacheStats> st;
+  klein_run(k, pipeline::RefMode::kCached, 8,
+            {"taylorseer", "pab:lo=-1,hi=2000", "fora:interval=2"}, &st);
+  ASSERT_EQ(st.size(), 3u);
+  EXPECT_EQ(st[0].decisions, "CCCpCppp");
+  EXPECT_EQ(st[0].sublayers_reused, 4 * 8);  // 4 forecast calls x 8 blocks
+  EXPECT_EQ(st[1].decisions, "CrCrCrCr");
+  EXPECT_EQ(st[2].decisions, "CCrCrCrC");
+
+  const test::Qwen21Fixture q(DType::kF32, 1);
+  qwen_run(q, true, true, 8, {"taylorseer", "pab:lo=-1,hi=2000", "fora:interval=2"}, &st);
+  ASSERT_EQ(st.size(), 3u);
+  EXPECT_EQ(st[0].decisions, "CCCCCCppCCpppppp");  // cond, uncond per step
+  EXPECT_EQ(st[0].sublayers_reused, 2 * 4 * q.cfg.num_layers);
+  EXPECT_EQ(st[1].decisions, "CCrrCCrrCCrrCCrr");
+  EXPECT_EQ(st[2].decisions, "CCCCrrCCrrCCrrCC");
+}
+
 // Two requests in one process: the second never sees the first's state.
 TEST(StepCacheIsolation, RequestsNeverShareState) {
   const test::KleinFixture f(DType::kF32);

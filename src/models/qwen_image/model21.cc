@@ -161,12 +161,14 @@ void mlp_output(const Run& r, const Seg& s, const Block21Weights& w, Mat y) {
 
 // x += tanh(g1) * to_out(attn); x += tanh(g2) * mlp(x). A step cache may provide either
 // sublayer's output (`hooks` null for the prefix, which is never approximated).
+// `reuse_attn`: the hooks' answer for this block's attention, asked once per call (policies
+// count the calls).
 void finish(const Run& r, Seg& s, Mat attn, const Block21Weights& w, int block,
-            cache::BlockHooks* hooks) {
+            cache::BlockHooks* hooks, bool reuse_attn) {
   ArenaScope scope(r.ws);
   Mat y = alloc_mat(r.ws, s.x.rows, r.D);
   cache::Streams ys = target_streams(r.B, y, s.seq);
-  if (hooks && hooks->reuse(block, cache::Sublayer::kAttention)) {
+  if (reuse_attn) {
     hooks->fetch(block, cache::Sublayer::kAttention, ys);
   } else {
     w.out.forward(r.ec, attn, y);
@@ -197,7 +199,8 @@ void block(const Run& r, int64_t i, Seg* prefix, Seg& target, const uint8_t* key
   cache::BlockHooks* hooks = r.a.hooks;
   const int blk = static_cast<int>(i);
   // Whether the target computes its attention (the hooks may reuse it).
-  const bool attend_target = dynamic && !(hooks && hooks->reuse(blk, cache::Sublayer::kAttention));
+  const bool reuse_attn = dynamic && hooks && hooks->reuse(blk, cache::Sublayer::kAttention);
+  const bool attend_target = dynamic && !reuse_attn;
   const ExecContext& ec = r.ec;
   const int64_t P = r.lay.P, T = r.lay.T;
   const std::string n = "transformer_blocks." + std::to_string(i) + ".";
@@ -254,8 +257,8 @@ void block(const Run& r, int64_t i, Seg* prefix, Seg& target, const uint8_t* key
     attend(r, pt.qkv.cols_slice(0, r.D), T, 0, src, pt.attn);
     trace2(n + "attn.out", pp.attn, pt.attn);
   }
-  if (prefix) finish(r, *prefix, pp.attn, w, blk, nullptr);
-  if (dynamic) finish(r, target, pt.attn, w, blk, hooks);
+  if (prefix) finish(r, *prefix, pp.attn, w, blk, nullptr, false);
+  if (dynamic) finish(r, target, pt.attn, w, blk, hooks, reuse_attn);
   trace2(n + "out", prefix ? prefix->x : Mat{}, target.x);
 }
 
