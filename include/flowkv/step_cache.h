@@ -17,6 +17,10 @@ struct StepCachePolicy {
 // The registered policies.
 std::vector<StepCachePolicy> step_cache_policies();
 
+// Checks names, option names and values (throws flowkv::Error naming the problem); limits that
+// depend on the model (DBCache's block counts) are checked when a request starts.
+void check_step_caches(const std::vector<std::string>& specs);
+
 // What one policy did over a request.
 struct StepCacheStats {
   std::string name;

@@ -10,4 +10,11 @@ std::vector<StepCachePolicy> step_cache_policies() {
   return out;
 }
 
+void check_step_caches(const std::vector<std::string>& specs) {
+  cache::Topology t;
+  t.model = "flux2";
+  t.blocks.resize(1024);
+  cache::make_policies(specs, t);
+}
+
 }  // namespace flowkv

@@ -9,6 +9,7 @@
 #include "flowkv/flux2.h"
 #include "flowkv/inspect.h"
 #include "flowkv/runtime.h"
+#include "flowkv/step_cache.h"
 #include "inputs.h"
 
 namespace flowkv::cli {
@@ -146,6 +147,22 @@ void add_export(CLI::App& app) {
       std::printf("wrote %s\n", o->dir.c_str());
       return 0;
     }));
+  });
+}
+
+void add_caches(CLI::App& app) {
+  auto* cmd = app.add_subcommand(
+      "caches",
+      "List the approximate step-cache policies: what each skips, its knobs and defaults.\n"
+      "Use them as --cache NAME[:key=value,...] with bench (list values separated by '/').");
+  cmd->callback([] {
+    std::printf(
+        "kv\n  The exact conditioning cache (Klein references, Qwen-Image-2.1 prefix): "
+        "bit-identical to recomputing them.\n");
+    for (const StepCachePolicy& p : step_cache_policies())
+      std::printf("%s\n  %s\n", p.name.c_str(), p.summary.c_str());
+    std::printf("\nAll step caches are approximate and off unless named; see docs/caches.md.\n");
+    std::exit(0);
   });
 }
 

@@ -9,6 +9,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "bench_models.h"
 #include "commands.h"
 #include "flowkv/error.h"
 #include "flowkv/klein_kv.h"
@@ -22,12 +23,10 @@ namespace flowkv::cli {
 
 namespace {
 
-struct Opts {
-  std::string family = "klein", model, builtin, dtype = "auto", steps, refs, cfg = "0,1";
-  std::string grid = "16x16", ref_grid = "16x16", json, kv_budget;
-  int64_t text = 64;
+struct Opts : BenchInputs {
+  std::string steps, refs, cfg = "0,1", json, kv_budget;
+  std::vector<std::string> caches;
   int runs = 5;
-  uint64_t seed = 0;
   bool approx = false;
 };
 
@@ -40,150 +39,17 @@ struct ModeStats {
   Tensor latents;  // the last run's output
 };
 
-// Error of `got` against `ref`: max |difference| and PSNR over the reference's peak.
-struct OutputError {
-  double max_abs = 0, psnr_db = 0;
-};
-OutputError output_error(const Tensor& got, const Tensor& ref) {
-  double peak = 0, sq = 0, mx = 0;
-  for (int64_t i = 0; i < ref.numel(); ++i) {
-    const double d = double(got.f32()[i]) - ref.f32()[i];
-    mx = std::max(mx, std::abs(d));
-    sq += d * d;
-    peak = std::max(peak, std::abs(double(ref.f32()[i])));
-  }
-  const double mse = sq / static_cast<double>(ref.numel());
-  return {mx, mse > 0 ? 10 * std::log10(peak * peak / mse) : INFINITY};
-}
-
 struct Cell {
   int steps = 0, refs = 0;
   bool cfg = false;
   ModeStats cached, recompute, approx;  // approx: text-kv-approx on top of the reference cache
   KVPrediction pred;
-  // Median of the ratios of runs taken back to back: slow drift of a shared machine cancels.
-  static double paired_speedup(const std::vector<double>& slow, const std::vector<double>& fast) {
-    std::vector<double> r;
-    for (size_t i = 0; i < slow.size() && i < fast.size(); ++i) r.push_back(slow[i] / fast[i]);
-    return median(r);
-  }
   double speedup() const { return paired_speedup(recompute.transformer, cached.transformer); }
   double loop_speedup() const { return paired_speedup(recompute.loop, cached.loop); }
   static double points(double predicted, double measured) {
     return 100.0 * ((1 - 1 / predicted) - (1 - 1 / measured));
   }
 };
-
-std::pair<int64_t, int64_t> parse_grid(const std::string& s, const char* what) {
-  int64_t h = 0, w = 0;
-  FLOWKV_CHECK(std::sscanf(s.c_str(), "%ldx%ld", &h, &w) == 2 && h > 0 && w > 0, what,
-               " must look like 16x16 (latent tokens), got '", s, "'");
-  return {h, w};
-}
-
-Tensor random_tensor(Shape shape, uint64_t seed) {  // uniform [-1, 1), deterministic
-  Tensor t = Tensor::empty(std::move(shape));
-  uint64_t s = seed * 0x9e3779b97f4a7c15ull + 0x632be59bd9b4e019ull;
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-    t.f32()[i] = static_cast<float>(static_cast<double>(s >> 11) * 0x1.0p-52 - 1.0);
-  }
-  return t;
-}
-
-// One family's way to run a cell's modes: the cached run, the uncached baseline, and (Klein)
-// the text-kv-approx approximation; and the cost model's prediction for the cell.
-enum class Mode { kCached, kUncached, kApprox };
-
-struct Runner {
-  std::string family, variant, dtype, config_json;
-  std::function<KVPrediction(const Cell&)> predict;
-  std::function<DenoiseResult(const Cell&, Mode, int64_t budget, Workspace&)> run;
-};
-
-Runner klein_runner(const Opts& o) {
-  auto m = std::make_shared<Flux2Transformer>(
-      o.model.empty()
-          ? Flux2Transformer::builtin(o.builtin, o.seed, o.dtype == "auto" ? "f32" : o.dtype)
-          : Flux2Transformer::load(o.model, {o.dtype}));
-  const auto [h, w] = parse_grid(o.grid, "--grid");
-  const auto [rh, rw] = parse_grid(o.ref_grid, "--ref-grid");
-  auto inputs = std::make_shared<std::map<int, DenoiseInputs>>();
-  auto input = [=, &o](int refs) -> const DenoiseInputs& {
-    auto it = inputs->find(refs);
-    if (it != inputs->end()) return it->second;
-    DenoiseInputs in;
-    in.text = random_tensor({1, o.text, m->text_channels()}, o.seed + 1);
-    in.noise = random_tensor({1, h * w, m->in_channels()}, o.seed + 2);
-    in.height = h, in.width = w;
-    for (int i = 0; i < refs; ++i) {
-      in.references.push_back(
-          {random_tensor({1, rh * rw, m->in_channels()}, o.seed + 10 + i), rh, rw});
-    }
-    return (*inputs)[refs] = std::move(in);
-  };
-  Runner r{"klein", m->variant(), m->compute_dtype(), m->config_json()};
-  r.predict = [=, &o](const Cell& c) {
-    return predict_klein_kv(*m, o.text, h * w,
-                            std::vector<int64_t>(static_cast<size_t>(c.refs), rh * rw), c.steps);
-  };
-  r.run = [=](const Cell& c, Mode mode, int64_t budget, Workspace& ws) {
-    DenoiseOptions d;
-    d.steps = c.steps;
-    d.mode = mode == Mode::kUncached ? KVMode::kRecompute : KVMode::kCached;
-    d.text_kv_approx = mode == Mode::kApprox;
-    d.kv_budget_bytes = budget;
-    return denoise_klein_kv(*m, input(c.refs), d, &ws);
-  };
-  return r;
-}
-
-// Qwen-Image-2.1: the prompt rows hold the condition images' slots (a ref_grid image is
-// h*w/4 slots) before `text` text rows; the negative prompt has the same layout, so CFG runs
-// both branches in one batched forward.
-Runner qwen_runner(const Opts& o) {
-  auto m = std::make_shared<QwenImage21Transformer>(
-      o.model.empty()
-          ? QwenImage21Transformer::builtin(o.builtin, o.seed, o.dtype == "auto" ? "f32" : o.dtype)
-          : QwenImage21Transformer::load(o.model, o.dtype));
-  const auto [h, w] = parse_grid(o.grid, "--grid");
-  const auto [rh, rw] = parse_grid(o.ref_grid, "--ref-grid");
-  FLOWKV_CHECK((h * w) % 4 == 0 && (rh * rw) % 4 == 0,
-               "Qwen-Image-2.1 grids need a multiple of 4 tokens (2x2 per slot)");
-  auto inputs = std::make_shared<std::map<int, Qwen21Inputs>>();
-  auto input = [=, &o](int refs) -> const Qwen21Inputs& {
-    auto it = inputs->find(refs);
-    if (it != inputs->end()) return it->second;
-    Qwen21Inputs in;
-    std::vector<uint8_t> slots(static_cast<size_t>(refs * rh * rw / 4), 1);
-    slots.insert(slots.end(), static_cast<size_t>(o.text), 0);
-    const int64_t rows = static_cast<int64_t>(slots.size());
-    in.prompt = {random_tensor({1, rows, m->text_channels()}, o.seed + 1), slots, {}};
-    in.negative = {random_tensor({1, rows, m->text_channels()}, o.seed + 3), slots, {}};
-    in.noise = random_tensor({1, h * w, m->in_channels()}, o.seed + 2);
-    in.height = h, in.width = w;
-    for (int i = 0; i < refs; ++i) {
-      in.conditions.push_back(
-          {random_tensor({1, rh * rw, m->in_channels()}, o.seed + 10 + i), rh, rw});
-    }
-    return (*inputs)[refs] = std::move(in);
-  };
-  Runner r{"qwen21", m->variant(), m->compute_dtype(), m->config_json()};
-  r.predict = [=, &o](const Cell& c) {
-    return predict_qwen21(*m, o.text, std::vector<int64_t>(static_cast<size_t>(c.refs), rh * rw),
-                          h * w, c.steps, c.cfg);
-  };
-  r.run = [=](const Cell& c, Mode mode, int64_t budget, Workspace& ws) {
-    Qwen21Inputs in = input(c.refs);
-    in.cfg_scale = c.cfg ? 4.0f : 1.0f;
-    Qwen21Options d;
-    d.steps = c.steps;
-    d.use_cache = mode != Mode::kUncached;
-    d.kv_budget_bytes = budget;
-    return denoise_qwen21(*m, in, d, &ws);
-  };
-  return r;
-}
 
 void record(ModeStats& s, const DenoiseResult& r, int64_t rss) {
   s.transformer.push_back(r.transformer_seconds);
@@ -196,10 +62,9 @@ void record(ModeStats& s, const DenoiseResult& r, int64_t rss) {
   s.latents = r.latents;
 }
 
-Cell run_cell(const Runner& runner, const Opts& o, Cell c, int64_t budget, Workspace& ws,
+Cell run_cell(const BenchModel& runner, const Opts& o, Cell c, int64_t budget, Workspace& ws,
               const std::string& tag) {
-  c.pred = runner.predict(c);
-  const Mode modes[3] = {Mode::kCached, Mode::kUncached, Mode::kApprox};
+  c.pred = runner.predict(c.steps, c.refs, c.cfg);
   ModeStats* stats[3] = {&c.cached, &c.recompute, &c.approx};
   const char* names[3] = {"cached", "uncached", "text-kv-approx"};
   const int n = o.approx ? 3 : 2;
@@ -208,8 +73,12 @@ Cell run_cell(const Runner& runner, const Opts& o, Cell c, int64_t budget, Works
   auto one = [&](int mode, bool timed) {
     progress(tag + " run " + std::to_string(++done) + "/" + std::to_string(total) + " (" +
              names[mode] + (timed ? ")" : ", warm-up)"));
+    RunSpec spec;
+    spec.steps = c.steps, spec.refs = c.refs, spec.cfg = c.cfg, spec.budget = budget;
+    spec.exact = mode != 1;
+    spec.text_kv_approx = mode == 2;
     reset_peak_rss();
-    const DenoiseResult r = runner.run(c, modes[mode], budget, ws);
+    const DenoiseResult r = runner.run(spec, ws);
     if (timed) record(*stats[mode], r, peak_rss_bytes());
   };
   for (int mode = 0; mode < n; ++mode) one(mode, false);
@@ -261,7 +130,7 @@ void print_approx(const std::vector<Cell>& cells) {
     const OutputError e = output_error(c.approx.latents, c.recompute.latents);
     std::printf("%5d %4d | %11.3f %11.3f %7.3fx | %12.4g %10.1f\n", c.steps, c.refs,
                 median(c.approx.transformer), median(c.recompute.transformer),
-                Cell::paired_speedup(c.recompute.transformer, c.approx.transformer), e.max_abs,
+                paired_speedup(c.recompute.transformer, c.approx.transformer), e.max_abs,
                 e.psnr_db);
   }
 }
@@ -284,7 +153,7 @@ void print_verdicts(const std::vector<Cell>& cells) {
   std::printf("  peak RSS above uncached by at most payload + 10%%:      %d/%d\n", rss_ok, n);
 }
 
-void write_json(const std::string& path, const Runner& m, const Opts& o,
+void write_json(const std::string& path, const BenchModel& m, const Opts& o,
                 const std::vector<Cell>& cells) {
   nlohmann::json j;
   j["model"] = {{"family", m.family},
@@ -321,8 +190,7 @@ void write_json(const std::string& path, const Runner& m, const Opts& o,
       const OutputError e = output_error(c.approx.latents, c.recompute.latents);
       j["cells"].back()["text_kv_approx"] = {
           {"mode", mode(c.approx)},
-          {"speedup_vs_recompute",
-           Cell::paired_speedup(c.recompute.transformer, c.approx.transformer)},
+          {"speedup_vs_recompute", paired_speedup(c.recompute.transformer, c.approx.transformer)},
           {"max_abs_error", e.max_abs},
           {"psnr_db", e.psnr_db}};
     }
@@ -369,6 +237,17 @@ void add_bench(CLI::App& app) {
   cmd->add_option("--kv-budget", o->kv_budget, "refuse cells whose cache needs more (e.g. 512M)");
   cmd->add_option("--json", o->json, "also write the results to this JSON file");
   cmd->add_option("--seed", o->seed, "seed of the weights and inputs");
+  cmd->add_option(
+      "--cache", o->caches,
+      "measure approximate step caches instead (repeat to compose; 'kv' adds the "
+      "exact cache, e.g. --cache kv --cache taylorseer:interval=2): each against no "
+      "step cache, with and without kv, errors against uncached. Policies: " +
+          [] {
+            std::string s;
+            for (const auto& p : step_cache_policies()) s += (s.empty() ? "" : ", ") + p.name;
+            return s;
+          }() +
+          " (docs/caches.md)");
   cmd->add_flag("--text-kv-approx", o->approx,
                 "klein: also run the named approximation text-kv-approx (step-0 text K/V "
                 "reused) and report its speed and its error against the uncached run");
@@ -386,7 +265,20 @@ void add_bench(CLI::App& app) {
       const std::vector<int> cfgs = qwen ? parse_int_list(o->cfg, "--cfg") : std::vector<int>{0};
       for (int s : steps) FLOWKV_CHECK(s >= 1, "--steps: every count must be at least 1");
       const int64_t budget = o->kv_budget.empty() ? -1 : parse_bytes(o->kv_budget);
-      const Runner runner = qwen ? qwen_runner(*o) : klein_runner(*o);
+      const BenchModel runner = qwen ? qwen_model(*o) : klein_model(*o);
+      if (!o->caches.empty()) {
+        FLOWKV_CHECK(!o->approx, "--text-kv-approx and --cache are separate benchmarks");
+        CacheBenchPlan p;
+        p.steps = steps, p.refs = refs, p.cfgs = cfgs, p.runs = o->runs, p.json = o->json;
+        p.inputs = *o;
+        for (const std::string& c : o->caches) {
+          if (c == "kv")
+            p.exact = true;
+          else
+            p.policies.push_back(c);
+        }
+        return run_cache_bench(runner, p);
+      }
       std::printf("flowkv bench: exact %s KV cache vs uncached (same network, same rules)\n",
                   qwen ? "prefix (text + condition images)" : "reference");
       std::printf("model:   %s, %s compute\n", runner.variant.c_str(), runner.dtype.c_str());

@@ -10,7 +10,7 @@
 int main(int argc, char** argv) {
   CLI::App app{
       "flowkv: runs flow-matching diffusion transformers (FLUX.2 Klein, Qwen-Image) on the CPU\n"
-      "and makes them fast with exact conditioning KV caches.\n"};
+      "and makes them fast with exact conditioning KV caches and approximate step caches.\n"};
   app.require_subcommand(1);
   app.fallthrough();  // global options may also follow the subcommand
   app.add_option_function<int>(
@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
   flowkv::cli::add_bench_forward(app);
   flowkv::cli::add_predict(app);
   flowkv::cli::add_bench(app);
+  flowkv::cli::add_caches(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
