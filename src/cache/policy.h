@@ -69,6 +69,11 @@ struct PolicyInfo {
 };
 
 void register_policy(PolicyInfo info);
+// The factory of a policy class constructed from (options, topology).
+template <class P>
+PolicyFactory factory_of() {
+  return [](PolicyOptions& o, const Topology& t) { return std::unique_ptr<Policy>(new P(o, t)); };
+}
 const std::vector<PolicyInfo>& registered_policies();
 
 // Policies for one request: each spec "name[:k=v,...]" becomes a fresh policy instance.

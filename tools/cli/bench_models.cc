@@ -14,10 +14,7 @@ namespace flowkv::cli {
 namespace {
 
 std::pair<int64_t, int64_t> parse_grid(const std::string& s, const char* what) {
-  int64_t h = 0, w = 0;
-  FLOWKV_CHECK(std::sscanf(s.c_str(), "%ldx%ld", &h, &w) == 2 && h > 0 && w > 0, what,
-               " must look like 16x16 (latent tokens), got '", s, "'");
-  return {h, w};
+  return parse_dims(s, what, "16x16 (latent tokens, height x width)");
 }
 
 Tensor random_tensor(Shape shape, uint64_t seed) {  // uniform [-1, 1), deterministic

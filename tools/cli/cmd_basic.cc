@@ -11,6 +11,7 @@
 #include "flowkv/runtime.h"
 #include "flowkv/step_cache.h"
 #include "inputs.h"
+#include "measure.h"
 
 namespace flowkv::cli {
 
@@ -96,9 +97,7 @@ void add_forward(CLI::App& app) {
   cmd->add_option("--seed", o->seed, "seed of the built-in weights and of the inputs");
   cmd->callback([o] {
     std::exit(guarded([&] {
-      int64_t h = 0, w = 0;
-      FLOWKV_CHECK(std::sscanf(o->grid.c_str(), "%ldx%ld", &h, &w) == 2 && h > 0 && w > 0,
-                   "--grid must look like 16x16");
+      const auto [h, w] = parse_dims(o->grid, "--grid", "16x16 (latent tokens, height x width)");
       const auto t0 = std::chrono::steady_clock::now();
       const Flux2Transformer m =
           o->model.empty() ? Flux2Transformer::builtin(o->builtin, o->seed,

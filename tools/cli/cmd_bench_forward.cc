@@ -43,9 +43,7 @@ void add_bench_forward(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   cmd->callback([o] {
     std::exit(guarded([&] {
-      int64_t h = 0, w = 0;
-      FLOWKV_CHECK(std::sscanf(o->grid.c_str(), "%ldx%ld", &h, &w) == 2 && h > 0 && w > 0,
-                   "--grid must look like 32x32");
+      const auto [h, w] = parse_dims(o->grid, "--grid", "32x32 (latent tokens, height x width)");
       const std::vector<std::string> dtypes = {"f32", "bf16"};
       std::vector<Flux2Transformer> models;
       for (const auto& dt : dtypes) models.push_back(Flux2Transformer::builtin(o->builtin, 0, dt));

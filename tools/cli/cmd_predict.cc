@@ -6,15 +6,13 @@
 #include "flowkv/error.h"
 #include "flowkv/predict.h"
 #include "flowkv/qwen_image.h"
+#include "measure.h"
 
 namespace flowkv::cli {
 
 namespace {
 std::pair<int64_t, int64_t> parse_size(const std::string& s, const char* what) {
-  int64_t w = 0, h = 0;
-  FLOWKV_CHECK(std::sscanf(s.c_str(), "%ldx%ld", &w, &h) == 2 && w > 0 && h > 0, what,
-               " must look like 1024x704 (width x height in pixels), got '", s, "'");
-  return {w, h};
+  return parse_dims(s, what, "1024x704 (width x height in pixels)");
 }
 }  // namespace
 

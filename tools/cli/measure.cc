@@ -86,4 +86,12 @@ std::vector<int> parse_int_list(const std::string& s, const char* what) {
   return out;
 }
 
+std::pair<int64_t, int64_t> parse_dims(const std::string& s, const char* what, const char* form) {
+  int64_t a = 0, b = 0;
+  char tail = 0;
+  FLOWKV_CHECK(std::sscanf(s.c_str(), "%ldx%ld%c", &a, &b, &tail) == 2 && a > 0 && b > 0, what,
+               " must look like ", form, ", got '", s, "'");
+  return {a, b};
+}
+
 }  // namespace flowkv::cli

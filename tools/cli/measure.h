@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace flowkv::cli {
@@ -21,5 +22,8 @@ void progress_done();
 // "2G", "512M", "1000" -> bytes.
 int64_t parse_bytes(const std::string& s);
 std::vector<int> parse_int_list(const std::string& s, const char* what);
+// "AxB" with positive A and B, in the order written; `form` names what they are in the error
+// ("16x16 (latent tokens, height x width)").
+std::pair<int64_t, int64_t> parse_dims(const std::string& s, const char* what, const char* form);
 
 }  // namespace flowkv::cli

@@ -105,9 +105,7 @@ void register_dbcache() {
                    "blocks are skipped while the front blocks' residual stays within threshold. "
                    "Approximate. fn (8), bn (0), threshold (0.08), warmup (8 calls), max_cached "
                    "(-1), max_continuous (-1).",
-                   [](PolicyOptions& o, const Topology& t) {
-                     return std::unique_ptr<Policy>(new DualBlockCache(o, t));
-                   }});
+                   factory_of<DualBlockCache>()});
 }
 
 }  // namespace flowkv::cache

@@ -177,9 +177,7 @@ void register_fastercache() {
                    "without CFG extrapolates attention only. Approximate. attn_skip (2), attn "
                    "range (-1,681), uncond_skip (5), uncond range (-1,641), alpha_low/high (1.1), "
                    "weight (0.5).",
-                   [](PolicyOptions& o, const Topology& t) {
-                     return std::unique_ptr<Policy>(new FasterCache(o, t));
-                   }});
+                   factory_of<FasterCache>()});
 }
 
 }  // namespace flowkv::cache

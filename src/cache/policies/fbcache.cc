@@ -81,9 +81,7 @@ void register_fbcache() {
   register_policy({"fbcache",
                    "FirstBlockCache: skips every block after the first when the first block's "
                    "residual barely changed. Approximate. threshold (0.05).",
-                   [](PolicyOptions& o, const Topology& t) {
-                     return std::unique_ptr<Policy>(new FirstBlockCache(o, t));
-                   }});
+                   factory_of<FirstBlockCache>()});
 }
 
 }  // namespace flowkv::cache

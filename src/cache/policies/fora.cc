@@ -58,9 +58,7 @@ void register_fora() {
   register_policy({"fora",
                    "FORA: computes attention and MLP outputs every interval steps and reuses them "
                    "between (modulation and gates still recomputed). Approximate. interval (3).",
-                   [](PolicyOptions& o, const Topology& t) {
-                     return std::unique_ptr<Policy>(new Fora(o, t));
-                   }});
+                   factory_of<Fora>()});
 }
 
 }  // namespace flowkv::cache

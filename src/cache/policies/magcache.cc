@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <map>
 
+#include "cache/policies/stack_residual.h"
 #include "cache/policy.h"
 #include "cache/snapshot.h"
 #include "flowkv/error.h"
@@ -89,9 +90,6 @@ class MagCache final : public Policy {
     const int n = ctx_.num_steps;
     if (!calibrate_ && st.ratios.size() != static_cast<size_t>(n))
       st.ratios = nearest_interp(ratios_, n);
-    st.target = in.index_of("target");
-    const Stream& target = in.s[static_cast<size_t>(st.target)];
-    st.head_in = copy_stream(target, in.batch);
     bool compute = true;
     if (!calibrate_) {
       const int i = st.step_index;
@@ -103,38 +101,32 @@ class MagCache final : public Policy {
         st.acc_steps += 1;
         st.acc_err += std::fabs(1.0f - st.acc_ratio);
         // "<=" on both tests (§14); a residual of another shape is never applied.
-        if (!st.residual.empty() && same_shape(st.residual, st.head_in) && !must_compute() &&
-            st.acc_err <= threshold_ && st.acc_steps <= max_skip_) {
+        if (st.stack.usable(in) && !must_compute() && st.acc_err <= threshold_ &&
+            st.acc_steps <= max_skip_) {
           compute = false;
         } else {
           st.acc_ratio = 1.0f, st.acc_steps = 0, st.acc_err = 0.0f;
         }
       }
     }
-    st.skipping = !compute;
+    st.stack.start(in, !compute);
     log(compute ? 'C' : 's');
     (compute ? stats_.calls_full : stats_.calls_skipped)++;
   }
 
-  BlockAction before_block(int, Streams&) override {
-    const bool skip = state().skipping;
-    (skip ? stats_.blocks_skipped : stats_.blocks_run)++;
-    return skip ? BlockAction::kSkip : BlockAction::kRun;
-  }
+  BlockAction before_block(int, Streams&) override { return state().stack.block(stats_); }
 
   void end(Streams& s) override {
     State& st = state();
-    Stream& target = s.s[static_cast<size_t>(st.target)];
-    if (st.skipping) {
-      add_into(target, s.batch, st.residual);
+    if (calibrate_) {  // diffusers: 1.0 for the first computed step, then the norm ratio
+      const StreamCopy previous = st.stack.residual();
+      st.stack.finish(s);
+      const StreamCopy& r = st.stack.residual();
+      st.calibration.push_back(previous.empty() || !same_shape(r, previous)
+                                   ? 1.0f
+                                   : static_cast<float>(mean_norm_ratio(r, previous)));
     } else {
-      StreamCopy r = minus(copy_stream(target, s.batch), st.head_in);
-      if (calibrate_) {
-        st.calibration.push_back(st.residual.empty() || !same_shape(r, st.residual)
-                                     ? 1.0f
-                                     : static_cast<float>(mean_norm_ratio(r, st.residual)));
-      }
-      st.residual = std::move(r);
+      st.stack.finish(s);
     }
     advance(st);
   }
@@ -150,9 +142,7 @@ class MagCache final : public Policy {
     int step_index = 0, acc_steps = 0;
     float acc_ratio = 1.0f, acc_err = 0.0f;
     std::vector<float> ratios, calibration;
-    StreamCopy head_in, residual;
-    int target = 0;
-    bool skipping = false;
+    StackResidual stack;
   };
   State& state() { return states_[ctx_.branch]; }
 
@@ -188,9 +178,7 @@ void register_magcache() {
                    "magnitude ratios stays within threshold. Approximate. threshold (0.06), "
                    "max_skip (3), retention (0.2), ratios (required: a/b/c list or flux1), "
                    "calibrate (off: measures and prints the ratios).",
-                   [](PolicyOptions& o, const Topology& t) {
-                     return std::unique_ptr<Policy>(new MagCache(o, t));
-                   }});
+                   factory_of<MagCache>()});
 }
 
 }  // namespace flowkv::cache

@@ -72,9 +72,7 @@ void register_pab() {
                    "Pyramid Attention Broadcast: reuses each block's attention output on all but "
                    "every skip-th call while lo < timestep < hi. Approximate. skip (2), lo (100), "
                    "hi (800).",
-                   [](PolicyOptions& o, const Topology& t) {
-                     return std::unique_ptr<Policy>(new PyramidAttentionBroadcast(o, t));
-                   }});
+                   factory_of<PyramidAttentionBroadcast>()});
 }
 
 }  // namespace flowkv::cache

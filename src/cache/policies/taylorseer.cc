@@ -136,9 +136,7 @@ void register_taylorseer() {
                    "TaylorSeer: computes each block's attention on a schedule and forecasts it "
                    "between computations by a Taylor series of divided differences. Approximate. "
                    "interval (5), before (3), after (-1: never), order (1), factors (bf16|f32).",
-                   [](PolicyOptions& o, const Topology& t) {
-                     return std::unique_ptr<Policy>(new TaylorSeer(o, t));
-                   }});
+                   factory_of<TaylorSeer>()});
 }
 
 }  // namespace flowkv::cache

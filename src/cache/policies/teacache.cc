@@ -8,6 +8,7 @@
 #include <cmath>
 #include <map>
 
+#include "cache/policies/stack_residual.h"
 #include "cache/policy.h"
 #include "cache/snapshot.h"
 #include "flowkv/error.h"
@@ -49,10 +50,9 @@ class TeaCache final : public Policy {
   void begin(const Streams& in, Mat probe) override {
     State& st = state();
     StreamCopy m = copy_mat(probe);
-    const int step = ctx_.step;
     bool compute = true;
-    if (step == 0 || step == ctx_.num_steps - 1 || must_compute() || st.prev.empty() ||
-        st.residual.empty()) {
+    if (ctx_.step == 0 || ctx_.step == ctx_.num_steps - 1 || must_compute() || st.prev.empty() ||
+        !st.stack.usable(in)) {
       st.acc = 0;
     } else {
       st.acc += rescale(relative_l1(m, st.prev));
@@ -62,43 +62,22 @@ class TeaCache final : public Policy {
         st.acc = 0;
       }
     }
-    st.target = in.index_of("target");
-    const Stream& target = in.s[static_cast<size_t>(st.target)];
-    if (!compute && !same_shape(st.residual, copy_shape(target, in.batch))) compute = true;
     st.prev = std::move(m);  // updated on every call
-    st.skipping = !compute;
-    if (compute) st.in = copy_stream(target, in.batch);
+    st.stack.start(in, !compute);
     log(compute ? 'C' : 's');
     (compute ? stats_.calls_full : stats_.calls_skipped)++;
   }
 
-  BlockAction before_block(int, Streams&) override {
-    const bool skip = state().skipping;
-    (skip ? stats_.blocks_skipped : stats_.blocks_run)++;
-    return skip ? BlockAction::kSkip : BlockAction::kRun;
-  }
-
-  void end(Streams& s) override {
-    State& st = state();
-    Stream& target = s.s[static_cast<size_t>(st.target)];
-    if (st.skipping) {
-      add_into(target, s.batch, st.residual);
-    } else {
-      st.residual = minus(copy_stream(target, s.batch), st.in);
-    }
-  }
+  BlockAction before_block(int, Streams&) override { return state().stack.block(stats_); }
+  void end(Streams& s) override { state().stack.finish(s); }
 
  private:
   struct State {
     double acc = 0;
-    StreamCopy prev, in, residual;
-    int target = 0;
-    bool skipping = false;
+    StreamCopy prev;  // the previous call's probe
+    StackResidual stack;
   };
   State& state() { return states_[ctx_.branch]; }
-  static StreamCopy copy_shape(const Stream& s, int64_t batch) {
-    return StreamCopy{batch, s.seq, s.x.cols, {}, s.name};
-  }
   double rescale(double x) const {  // numpy poly1d: Horner from the highest power
     double y = 0;
     for (double c : coef_) y = y * x + c;
@@ -117,9 +96,7 @@ void register_teacache() {
                    "TeaCache: skips every block while the rescaled, accumulated change of block "
                    "0's modulated input stays below threshold; first and last step compute. "
                    "Approximate. threshold (0.6), coefficients (per model; FLUX.1's), model.",
-                   [](PolicyOptions& o, const Topology& t) {
-                     return std::unique_ptr<Policy>(new TeaCache(o, t));
-                   }});
+                   factory_of<TeaCache>()});
 }
 
 }  // namespace flowkv::cache
