@@ -24,8 +24,8 @@ const StreamCopy& entry_for(const Snapshot& v, const Stream& s) {
 
 }  // namespace
 
-StreamCopy copy_stream(const Stream& s, int64_t batch) {
-  StreamCopy c{batch, s.seq, s.x.cols, {}, s.name};
+void copy_into(StreamCopy& c, const Stream& s, int64_t batch) {
+  c.batch = batch, c.seq = s.seq, c.cols = s.x.cols, c.name = s.name;
   c.v.resize(static_cast<size_t>(batch * s.seq * s.x.cols));
   for (int64_t b = 0; b < batch; ++b) {
     for (int64_t t = 0; t < s.seq; ++t) {
@@ -33,7 +33,26 @@ StreamCopy copy_stream(const Stream& s, int64_t batch) {
                   static_cast<size_t>(c.cols) * 4);
     }
   }
+}
+
+StreamCopy copy_stream(const Stream& s, int64_t batch) {
+  StreamCopy c;
+  copy_into(c, s, batch);
   return c;
+}
+
+void residual_into(StreamCopy& out, const Stream& s, int64_t batch, const StreamCopy& base) {
+  FLOWKV_CHECK(base.batch == batch && base.seq == s.seq && base.cols == s.x.cols, "the stream '",
+               s.name, "' changed shape between calls");
+  out.batch = batch, out.seq = s.seq, out.cols = s.x.cols, out.name = s.name;
+  out.v.resize(base.v.size());
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t t = 0; t < s.seq; ++t) {
+      const size_t off = static_cast<size_t>((b * s.seq + t) * out.cols);
+      const float* row = s.x.row(s.row(b) + t);
+      for (int64_t c = 0; c < out.cols; ++c) out.v[off + c] = row[c] - base.v[off + c];
+    }
+  }
 }
 
 StreamCopy copy_mat(Mat m) {
@@ -93,12 +112,6 @@ void assign(Streams& s, const Snapshot& v) {
       }
     }
   }
-}
-
-void write_mat(Mat out, const StreamCopy& v) {
-  FLOWKV_CHECK(v.batch * v.seq == out.rows && v.cols == out.cols, "cached output does not fit");
-  for (int64_t r = 0; r < out.rows; ++r)
-    std::memcpy(out.row(r), &v.v[static_cast<size_t>(r * v.cols)], static_cast<size_t>(v.cols) * 4);
 }
 
 bool same_shape(const StreamCopy& a, const StreamCopy& b) {

@@ -21,6 +21,10 @@ struct StreamCopy {
 using Snapshot = std::vector<StreamCopy>;
 
 StreamCopy copy_stream(const Stream& s, int64_t batch);
+// The same into `out`, reusing its storage (the per-call copies of the step loop).
+void copy_into(StreamCopy& out, const Stream& s, int64_t batch);
+// out = s - base (base copied from a stream of the same shape), reusing out's storage.
+void residual_into(StreamCopy& out, const Stream& s, int64_t batch, const StreamCopy& base);
 StreamCopy copy_mat(Mat m);  // a [rows, cols] matrix as batch 1
 Snapshot snapshot(const Streams& s);
 // a - b, stream by stream (same names and shapes).
@@ -30,7 +34,6 @@ StreamCopy minus(const StreamCopy& a, const StreamCopy& b);
 void add_into(Streams& s, const Snapshot& r);
 void assign(Streams& s, const Snapshot& v);
 void add_into(Stream& s, int64_t batch, const StreamCopy& r);
-void write_mat(Mat out, const StreamCopy& v);
 bool same_shape(const StreamCopy& a, const StreamCopy& b);
 // Whether a snapshot has an entry of the right shape for every stream of s (a token count may
 // change between calls: the policies then compute instead of applying what they stored).

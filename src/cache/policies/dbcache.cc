@@ -6,6 +6,7 @@
 // Approximate. First `warmup` calls of a branch always compute; max_cached and max_continuous
 // cap the skipped calls (-1: no cap). Fn=1, Bn=0 is FirstBlockCache with a strict "<".
 #include <map>
+#include <utility>
 
 #include "cache/policy.h"
 #include "cache/snapshot.h"
@@ -41,7 +42,7 @@ class DualBlockCache final : public Policy {
   void begin(const Streams& in, Mat) override {
     State& st = state();
     st.target = in.index_of("target");
-    st.head_in = copy_stream(in.s[static_cast<size_t>(st.target)], in.batch);
+    copy_into(st.head_in, in.s[static_cast<size_t>(st.target)], in.batch);
     st.skipping = false;
   }
 
@@ -61,7 +62,7 @@ class DualBlockCache final : public Policy {
  private:
   struct State {
     int64_t calls = 0, cached = 0, continuous = 0;
-    StreamCopy head_in, front_ref;  // front_ref: the Fn residual of the last computed call
+    StreamCopy head_in, front_now, front_ref;  // Fn residuals: this call's, the last computed
     Snapshot front_out, middle_res;
     int target = 0;
     bool skipping = false;
@@ -70,12 +71,12 @@ class DualBlockCache final : public Policy {
 
   // After the Fn front blocks: skip the middle (applying its last residual now) or run it.
   void decide(State& st, Streams& s) {
-    const StreamCopy r =
-        minus(copy_stream(s.s[static_cast<size_t>(st.target)], s.batch), st.head_in);
+    residual_into(st.front_now, s.s[static_cast<size_t>(st.target)], s.batch, st.head_in);
     const bool capped = (max_cached_ >= 0 && st.cached >= max_cached_) ||
                         (max_continuous_ >= 0 && st.continuous >= max_continuous_);
     const bool skip = st.calls >= warmup_ && !must_compute() && !capped && !st.front_ref.empty() &&
-                      fits(st.middle_res, s) && relative_l1(r, st.front_ref) < threshold_;
+                      fits(st.middle_res, s) &&
+                      relative_l1(st.front_now, st.front_ref) < threshold_;
     ++st.calls;
     st.skipping = skip;
     log(skip ? 's' : 'C');
@@ -85,7 +86,7 @@ class DualBlockCache final : public Policy {
       add_into(s, st.middle_res);
     } else {
       st.continuous = 0;
-      st.front_ref = r;
+      std::swap(st.front_ref, st.front_now);
       st.front_out = snapshot(s);
     }
   }

@@ -4,6 +4,7 @@
 // block 0's output plus the residual the other blocks added in that last full call.
 // Approximate. State per CFG branch.
 #include <map>
+#include <utility>
 
 #include "cache/policy.h"
 #include "cache/snapshot.h"
@@ -24,7 +25,7 @@ class FirstBlockCache final : public Policy {
   void begin(const Streams& in, Mat) override {
     State& s = state();
     const int t = in.index_of("target");
-    s.head_in = copy_stream(in.s[static_cast<size_t>(t)], in.batch);
+    copy_into(s.head_in, in.s[static_cast<size_t>(t)], in.batch);
     s.target = t;
     s.skipping = false;
   }
@@ -40,14 +41,13 @@ class FirstBlockCache final : public Policy {
     State& st = state();
     if (block == 0) {
       ++stats_.blocks_run;
-      const StreamCopy r =
-          minus(copy_stream(s.s[static_cast<size_t>(st.target)], s.batch), st.head_in);
+      residual_into(st.r_now, s.s[static_cast<size_t>(st.target)], s.batch, st.head_in);
       // Strict ">": a change equal to the threshold skips (§14). Prefill calls always compute.
       const bool compute = st.r_ref.empty() || must_compute() || !fits(st.tail_res, s) ||
-                           relative_l1(r, st.r_ref) > threshold_;
+                           relative_l1(st.r_now, st.r_ref) > threshold_;
       if (compute) {
         st.head_out = snapshot(s);
-        st.r_ref = r;  // the reference moves only on computed calls (§3.3)
+        std::swap(st.r_ref, st.r_now);  // the reference moves only on computed calls (§3.3)
       }
       st.skipping = !compute;
       log(compute ? 'C' : 's');
@@ -63,7 +63,7 @@ class FirstBlockCache final : public Policy {
 
  private:
   struct State {
-    StreamCopy head_in, r_ref;
+    StreamCopy head_in, r_ref, r_now;  // r_now: this call's head residual
     Snapshot head_out, tail_res;
     int target = 0;
     bool skipping = false;

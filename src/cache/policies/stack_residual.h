@@ -19,7 +19,7 @@ class StackResidual {
   void start(const Streams& in, bool skip) {
     target_ = in.index_of("target");
     skipping_ = skip;
-    if (!skip) input_ = copy_stream(in.s[static_cast<size_t>(target_)], in.batch);
+    if (!skip) copy_into(input_, in.s[static_cast<size_t>(target_)], in.batch);
   }
   bool skipping() const { return skipping_; }
   // The block loop's question, counted in `stats`.
@@ -33,7 +33,7 @@ class StackResidual {
     if (skipping_) {
       add_into(target, s.batch, residual_);
     } else {
-      residual_ = minus(copy_stream(target, s.batch), input_);
+      residual_into(residual_, target, s.batch, input_);
     }
   }
   const StreamCopy& residual() const { return residual_; }
