@@ -1,4 +1,5 @@
 #include "api/flux2_impl.h"
+#include "api/shared.h"
 #include "core/arena.h"
 #include "flowkv/error.h"
 #include "flowkv/klein_kv.h"
@@ -58,15 +59,8 @@ DenoiseResult denoise_klein_kv(const Flux2Transformer& model, const DenoiseInput
   Workspace local;
   Arena& arena = (ws ? *ws : local).arena();
   const pipeline::KleinKVResult res = pipeline::run_klein_kv({&arena}, model.impl().model, r);
-  DenoiseResult out;
-  out.latents = Tensor::from_vector(res.latents, in.noise.shape());
-  out.sigmas = res.schedule.sigmas;
-  out.step_seconds = res.step_seconds;
-  out.transformer_seconds = res.transformer_seconds;
-  out.loop_seconds = res.loop_seconds;
-  out.kv_bytes = res.kv_bytes;
+  DenoiseResult out = api::denoise_result(res, in.noise.shape());
   out.approximate = res.plan.approximate;
-  out.step_caches = res.step_caches;
   return out;
 }
 

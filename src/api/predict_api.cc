@@ -2,6 +2,7 @@
 #include <sstream>
 
 #include "api/flux2_impl.h"
+#include "api/shared.h"
 #include "cost/cost_model.h"
 #include "flowkv/error.h"
 #include "flowkv/predict.h"
@@ -40,32 +41,7 @@ KVPrediction predict(const flux2::Config& c, const std::string& name, int64_t te
   const cost::ModelShape shape = flux2::cost_shape(c, kv_bytes);
   const TokenLayout layout = flux2::klein_kv_layout(text, refs, target);
   const CachePlan plan = plan_cache(layout, /*cache_exact=*/true, /*text_kv_approx=*/false);
-  const std::vector<bool> none(layout.segments.size(), false);
-  const cost::StepCost u = cost::step_cost(shape, layout, none);
-  const cost::StepCost k = cost::step_cost(shape, layout, plan.cached);
-  KVPrediction p;
-  p.model = name;
-  p.width = shape.width;
-  p.layers = shape.layers;
-  p.steps = steps;
-  p.branches = cfg ? 2 : 1;
-  p.kv_bytes_per_element = kv_bytes;
-  int64_t cached_tokens = 0;
-  for (size_t i = 0; i < layout.segments.size(); ++i) {
-    SegmentFlops s;
-    s.name = layout.segments[i].name;
-    s.tokens = layout.segments[i].tokens;
-    s.cached = plan.cached[i];
-    s.uncached_flops = p.branches * (u.segments[i].linear + u.segments[i].attention);
-    s.cached_flops = p.branches * (k.segments[i].linear + k.segments[i].attention);
-    if (s.cached) cached_tokens += s.tokens;
-    p.segments.push_back(s);
-  }
-  p.uncached_step_flops = p.branches * u.total();
-  p.cached_step_flops = p.branches * k.total();
-  p.speedup = cost::predicted_speedup(u.total(), k.total(), steps);
-  p.kv_bytes = cost::kv_payload_bytes(shape, cached_tokens, p.branches);
-  return p;
+  return api::prediction(name, shape, layout, plan, steps, cfg);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "api/flux2_impl.h"
+#include "api/shared.h"
 #include "core/arena.h"
 #include "cost/cost_model.h"
 #include "flowkv/error.h"
@@ -119,29 +120,7 @@ KVPrediction predict(const qwen::Config21& c, const std::string& name, int64_t t
   const TokenLayout layout = qwen::token_layout21(l, c.causal_condition);
   const CachePlan plan = plan_cache(layout, true, false);
   const cost::ModelShape shape{c.dim(), c.num_layers, c.mlp_hidden(), kv_bytes};
-  const std::vector<bool> none(layout.segments.size(), false);
-  const cost::StepCost u = cost::step_cost(shape, layout, none),
-                       k = cost::step_cost(shape, layout, plan.cached);
-  KVPrediction p;
-  p.model = name;
-  p.width = c.dim();
-  p.layers = c.num_layers;
-  p.steps = steps;
-  p.branches = cfg ? 2 : 1;
-  p.kv_bytes_per_element = kv_bytes;
-  int64_t cached_tokens = 0;
-  for (size_t i = 0; i < layout.segments.size(); ++i) {
-    SegmentFlops s{layout.segments[i].name, layout.segments[i].tokens, plan.cached[i],
-                   p.branches * (u.segments[i].linear + u.segments[i].attention),
-                   p.branches * (k.segments[i].linear + k.segments[i].attention)};
-    if (s.cached) cached_tokens += s.tokens;
-    p.segments.push_back(s);
-  }
-  p.uncached_step_flops = p.branches * u.total();
-  p.cached_step_flops = p.branches * k.total();
-  p.speedup = cost::predicted_speedup(u.total(), k.total(), steps);
-  p.kv_bytes = cost::kv_payload_bytes(shape, cached_tokens, p.branches);
-  return p;
+  return api::prediction(name, shape, layout, plan, steps, cfg);
 }
 
 }  // namespace
@@ -200,15 +179,7 @@ DenoiseResult denoise_qwen21(const QwenImage21Transformer& m, const Qwen21Inputs
   Workspace local;
   Arena& arena = (ws ? *ws : local).arena();
   const pipeline::Qwen21Result res = pipeline::run_qwen21({&arena}, m.impl().model, q.r);
-  DenoiseResult out;
-  out.latents = Tensor::from_vector(res.latents, in.noise.shape());
-  out.sigmas = res.schedule.sigmas;
-  out.step_seconds = res.step_seconds;
-  out.transformer_seconds = res.transformer_seconds;
-  out.loop_seconds = res.loop_seconds;
-  out.kv_bytes = res.kv_bytes;
-  out.step_caches = res.step_caches;
-  return out;
+  return api::denoise_result(res, in.noise.shape());
 }
 
 int64_t kv_bytes_needed(const QwenImage21Transformer& m, const Qwen21Inputs& in,
