@@ -28,21 +28,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import json
 import math
 import os
-import re
-import shutil
-import sys
 from typing import Any
 
-import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
 
-import diffusers
-import transformers
-import safetensors
 from diffusers import (
     AutoencoderKLFlux2,
     FlowMatchEulerDiscreteScheduler,
@@ -56,26 +47,11 @@ from diffusers.models.transformers.transformer_flux2 import (
     Flux2KVParallelSelfAttnProcessor,
 )
 
+from ref_common import (check_names, check_pins, clean_config, f32_contig, fresh_dir, load_transformer,
+                        max_abs, setup_determinism, versions, write_meta, write_st)
+
 SCRIPT = "python/ref/dump_flux2.py"
 MAX_FILE_BYTES = 4 * 1024 * 1024  # hard limit per written file (brief: "well under 4 MiB")
-
-# --------------------------------------------------------------------------------------
-# Determinism
-# --------------------------------------------------------------------------------------
-
-
-def setup_determinism() -> bool:
-    diffusers.utils.logging.set_verbosity_error()  # silence accelerate / dtype-cast chatter
-    diffusers.utils.logging.disable_progress_bar()
-    torch.set_num_threads(1)  # one thread: no reduction-order dependence on the core count
-    torch.set_default_dtype(torch.float32)
-    try:
-        torch.use_deterministic_algorithms(True)
-        return True
-    except Exception as e:  # pragma: no cover
-        print(f"warning: torch.use_deterministic_algorithms(True) failed: {e}", file=sys.stderr)
-        return False
-
 
 # --------------------------------------------------------------------------------------
 # Tracer: records named intermediates of one Flux2Transformer2DModel forward
@@ -351,16 +327,6 @@ def expected_shapes(model, B, L, N, N_out, extract=False) -> dict[str, tuple]:
     return e
 
 
-def check_names(store, prefix, expected):
-    got = {k[len(prefix):]: tuple(v.shape) for k, v in store.items() if k.startswith(prefix)}
-    if got != expected:
-        missing = sorted(set(expected) - set(got))
-        extra = sorted(set(got) - set(expected))
-        wrong = sorted(k for k in set(got) & set(expected) if got[k] != expected[k])
-        raise RuntimeError(f"{prefix}: name/shape mismatch: missing={missing} extra={extra} "
-                           f"wrong={[(k, got[k], expected[k]) for k in wrong]}")
-
-
 def init_weights(model: torch.nn.Module, seed: int):
     """Seeded re-init: linear weights ~ N(0, 1/fan_in), RMSNorm weights 1 + 0.1*N(0,1)."""
     g = torch.Generator().manual_seed(seed)
@@ -404,96 +370,6 @@ def new_model(cfg: dict, seed: int) -> Flux2Transformer2DModel:
 def save_transformer(model, folder, dtype=torch.float32, max_shard_size="10GB"):
     m = model if dtype == torch.float32 else copy.deepcopy(model).to(dtype)
     m.save_pretrained(folder, safe_serialization=True, max_shard_size=max_shard_size)
-
-
-def load_transformer(folder, realign=True) -> Flux2Transformer2DModel:
-    # low_cpu_mem_usage=False: plain load (accelerate is not a pinned requirement)
-    model = Flux2Transformer2DModel.from_pretrained(folder, torch_dtype=torch.float32, low_cpu_mem_usage=False)
-    if realign:
-        # Parameters loaded from safetensors can sit at 8-byte (not 64-byte) aligned addresses, and
-        # the CPU GEMM kernels then take a different path that changes f32 results by ~1 ulp. Copy
-        # every parameter into a fresh (allocator-aligned) tensor; values are unchanged.
-        with torch.no_grad():
-            for prm in model.parameters():
-                prm.data = prm.data.clone()
-    return model.eval()
-
-
-def f32_contig(d: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {k: v.detach().to(torch.float32).contiguous().clone() for k, v in d.items()}
-
-
-def write_st(path, tensors: dict[str, torch.Tensor]):
-    tensors = f32_contig(tensors)
-    save_file(tensors, path, metadata={"format": "pt"})  # one key: header bytes stay reproducible
-    back = load_file(path)
-    assert back.keys() == tensors.keys()
-    for k in tensors:
-        assert torch.equal(back[k], tensors[k]), f"{path}: {k} read-back mismatch"
-
-
-def check_pins():
-    """Warn (loudly) when the running versions differ from python/ref/requirements.txt."""
-    from importlib.metadata import version
-    req = os.path.join(os.path.dirname(os.path.abspath(__file__)), "requirements.txt")
-    bad = []
-    for line in open(req):
-        line = line.split("#", 1)[0].strip()
-        if line:
-            name, _, want = line.partition("==")
-            have = version(name.strip())
-            if have.split("+", 1)[0] != want.strip():
-                bad.append(f"{name.strip()} {have} (pinned {want.strip()})")
-    if bad:
-        print("WARNING: versions differ from requirements.txt, the dumps may not match the committed ones: "
-              + ", ".join(bad), file=sys.stderr)
-
-
-def versions() -> dict[str, str]:
-    return {
-        "torch": torch.__version__,
-        "diffusers": diffusers.__version__,
-        "transformers": transformers.__version__,
-        "safetensors": safetensors.__version__,
-        "numpy": np.__version__,
-        "python": sys.version.split()[0],
-    }
-
-
-def clean_config(cfg) -> dict:
-    # drop diffusers' bookkeeping set (its iteration order is not reproducible across runs)
-    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dict(cfg).items() if k != "_use_default_values"}
-
-
-def json_compact(obj) -> str:
-    """Indented JSON, but lists of scalars on one line."""
-    text = json.dumps(obj, indent=1)
-    return re.sub(r"\[\s*((?:-?[\w.+\-]+|\"[^\"\n]*\")(?:,\s*(?:-?[\w.+\-]+|\"[^\"\n]*\"))*)\s*\]",
-                  lambda m: "[" + re.sub(r",\s+", ", ", m.group(1)) + "]", text)
-
-
-def write_meta(case_dir, meta: dict, dump: dict[str, torch.Tensor], inputs: dict[str, torch.Tensor]):
-    meta = dict(meta)
-    meta["versions"] = versions()
-    meta["generator"] = SCRIPT
-    meta["dtype"] = "float32 (compute), CPU, torch.use_deterministic_algorithms(True), 1 thread"
-    meta["inputs"] = {k: list(v.shape) for k, v in inputs.items()}
-    meta["dump_names"] = list(dump.keys())
-    meta["dump_shapes"] = {k: list(v.shape) for k, v in dump.items()}
-    text = json_compact(meta)
-    assert json.loads(text) == json.loads(json.dumps(meta))
-    with open(os.path.join(case_dir, "meta.json"), "w") as f:
-        f.write(text + "\n")
-
-
-def fresh_dir(path):
-    if os.path.isdir(path):
-        shutil.rmtree(path)
-    os.makedirs(path)
-
-
-def max_abs(a, b) -> float:
-    return float((a - b).abs().max())
 
 
 # --------------------------------------------------------------------------------------
@@ -568,17 +444,17 @@ def run_plain_case(out_root, case, description, cfg, seed, B, grid, L, timestep,
         "call": "model(hidden_states, encoder_hidden_states, timestep, img_ids, txt_ids, guidance, return_dict=False)",
     }
     meta.update(extra_meta or {})
-    write_meta(case_dir, meta, dump, inp)
+    write_meta(case_dir, meta, dump, inp, SCRIPT)
 
     # self-check: reload the saved folder and reproduce the output bit-exactly
-    reloaded = load_transformer(tdir)
+    reloaded = load_transformer(Flux2Transformer2DModel, tdir)
     sd0, sd1 = model.state_dict(), reloaded.state_dict()
     assert sd0.keys() == sd1.keys()
     for k in sd0:
         assert torch.equal(sd0[k], sd1[k]), f"{case}: weight {k} changed in save/load"
     out2, _ = plain_forward(reloaded, inp)
     assert torch.equal(out2, dump["output"]), f"{case}: reloaded output differs ({max_abs(out2, dump['output'])})"
-    out3, _ = plain_forward(load_transformer(tdir, realign=False), inp)
+    out3, _ = plain_forward(load_transformer(Flux2Transformer2DModel, tdir, realign=False), inp)
     unaligned = max_abs(out3, dump["output"])
     assert unaligned < 1e-5
     print(f"[{case}] self-check OK: reloaded transformer reproduces output exactly "
@@ -717,14 +593,14 @@ def run_klein_kv_case(out_root):
         "max_abs_diff_cached_vs_recompute": cached_vs_recompute,
         "max_abs_diff_refkv_extract_vs_recompute": kv_diff,
     }
-    write_meta(case_dir, meta, dump, inp)
+    write_meta(case_dir, meta, dump, inp, SCRIPT)
 
-    reloaded = load_transformer(tdir)
+    reloaded = load_transformer(Flux2Transformer2DModel, tdir)
     set_kv_processors(reloaded)
     _, (e2, c2, r2), _, _ = kv_calls(reloaded, inp)
     for nm, a, b in (("extract", e2, out_e), ("cached", c2, out_c), ("recompute", r2, out_r)):
         assert torch.equal(a, b), f"{case}: reloaded {nm} output differs ({max_abs(a, b)})"
-    re3 = load_transformer(tdir, realign=False)
+    re3 = load_transformer(Flux2Transformer2DModel, tdir, realign=False)
     set_kv_processors(re3)
     _, outs3, _, _ = kv_calls(re3, inp)
     unaligned = max(max_abs(a, b) for a, b in zip(outs3, (out_e, out_c, out_r)))
@@ -937,9 +813,9 @@ def run_pipeline_case(out_root, kv_model):
         "num_ref_tokens": N_ref,
         "step_modes": [s["mode"] for s in steps],
     }
-    write_meta(case_dir, meta, dump, inp)
+    write_meta(case_dir, meta, dump, inp, SCRIPT)
 
-    reloaded = load_transformer(tdir)
+    reloaded = load_transformer(Flux2Transformer2DModel, tdir)
     cap2 = run_pipeline(reloaded, inp)
     for k in range(PIPE_STEPS):
         assert torch.equal(cap2["steps"][k]["model_output"], dump[f"step.{k}.model_output"]), k

@@ -30,21 +30,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 import os
-import re
-import shutil
-import sys
 from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
 
-import diffusers
-import transformers
-import safetensors
 from diffusers import (
     FlowMatchEulerDiscreteScheduler,
     QwenImage21Pipeline,
@@ -56,114 +48,16 @@ import diffusers.models.transformers.transformer_qwenimage as tqi
 import diffusers.pipelines.qwenimage21.pipeline_qwenimage21 as q21pipe_mod
 from diffusers.models.transformers.transformer_qwenimage21 import QwenImage21AttnProcessor, QwenImage21KVCache
 
+from ref_common import (check_names, check_pins, clean_config, f32_contig, fresh_dir, load_transformer,
+                        max_abs, setup_determinism, versions, write_meta, write_st)
+
 SCRIPT = "python/ref/dump_qwen.py"
 MAX_FILE_BYTES = 4 * 1024 * 1024  # hard limit per written file
 MAX_TOTAL_BYTES = 10 * 1024 * 1024  # hard limit for everything this script writes
 
 # --------------------------------------------------------------------------------------
-# Determinism and file helpers (same conventions as dump_flux2.py; duplicated rather than
-# imported because importing dump_flux2 installs its own wrappers into transformer_flux2)
+# Helpers (determinism and file helpers come from ref_common.py, shared with dump_flux2.py)
 # --------------------------------------------------------------------------------------
-
-
-def setup_determinism() -> bool:
-    diffusers.utils.logging.set_verbosity_error()  # silence accelerate / dtype-cast chatter
-    diffusers.utils.logging.disable_progress_bar()
-    torch.set_num_threads(1)  # one thread: no reduction-order dependence on the core count
-    torch.set_default_dtype(torch.float32)
-    try:
-        torch.use_deterministic_algorithms(True)
-        return True
-    except Exception as e:  # pragma: no cover
-        print(f"warning: torch.use_deterministic_algorithms(True) failed: {e}", file=sys.stderr)
-        return False
-
-
-def check_pins():
-    """Warn (loudly) when the running versions differ from python/ref/requirements.txt."""
-    from importlib.metadata import version
-    req = os.path.join(os.path.dirname(os.path.abspath(__file__)), "requirements.txt")
-    bad = []
-    for line in open(req):
-        line = line.split("#", 1)[0].strip()
-        if line:
-            name, _, want = line.partition("==")
-            have = version(name.strip())
-            if have.split("+", 1)[0] != want.strip():
-                bad.append(f"{name.strip()} {have} (pinned {want.strip()})")
-    if bad:
-        print("WARNING: versions differ from requirements.txt, the dumps may not match the committed ones: "
-              + ", ".join(bad), file=sys.stderr)
-
-
-def versions() -> dict[str, str]:
-    return {
-        "torch": torch.__version__,
-        "diffusers": diffusers.__version__,
-        "transformers": transformers.__version__,
-        "safetensors": safetensors.__version__,
-        "numpy": np.__version__,
-        "python": sys.version.split()[0],
-    }
-
-
-def clean_config(cfg) -> dict:
-    # drop diffusers' bookkeeping set (its iteration order is not reproducible across runs)
-    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dict(cfg).items() if k != "_use_default_values"}
-
-
-def json_compact(obj) -> str:
-    """Indented JSON, but lists of scalars on one line."""
-    text = json.dumps(obj, indent=1)
-    return re.sub(r"\[\s*((?:-?[\w.+\-]+|\"[^\"\n]*\")(?:,\s*(?:-?[\w.+\-]+|\"[^\"\n]*\"))*)\s*\]",
-                  lambda m: "[" + re.sub(r",\s+", ", ", m.group(1)) + "]", text)
-
-
-def f32_contig(d: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {k: v.detach().to(torch.float32).contiguous().clone() for k, v in d.items()}
-
-
-def write_st(path, tensors: dict[str, torch.Tensor]):
-    tensors = f32_contig(tensors)
-    save_file(tensors, path, metadata={"format": "pt"})  # one key: header bytes stay reproducible
-    back = load_file(path)
-    assert back.keys() == tensors.keys()
-    for k in tensors:
-        assert torch.equal(back[k], tensors[k]), f"{path}: {k} read-back mismatch"
-
-
-def write_meta(case_dir, meta: dict, dump: dict[str, torch.Tensor], inputs: dict[str, torch.Tensor]):
-    meta = dict(meta)
-    meta["versions"] = versions()
-    meta["generator"] = SCRIPT
-    meta["dtype"] = "float32 (compute), CPU, torch.use_deterministic_algorithms(True), 1 thread"
-    meta["inputs"] = {k: list(v.shape) for k, v in inputs.items()}
-    meta["dump_names"] = list(dump.keys())
-    meta["dump_shapes"] = {k: list(v.shape) for k, v in dump.items()}
-    text = json_compact(meta)
-    assert json.loads(text) == json.loads(json.dumps(meta))
-    with open(os.path.join(case_dir, "meta.json"), "w") as f:
-        f.write(text + "\n")
-
-
-def fresh_dir(path):
-    if os.path.isdir(path):
-        shutil.rmtree(path)
-    os.makedirs(path)
-
-
-def max_abs(a, b) -> float:
-    return float((a - b).abs().max()) if a.numel() else 0.0
-
-
-def check_names(store, prefix, expected):
-    got = {k[len(prefix):]: tuple(v.shape) for k, v in store.items() if k.startswith(prefix)}
-    if got != expected:
-        missing = sorted(set(expected) - set(got))
-        extra = sorted(set(got) - set(expected))
-        wrong = sorted(k for k in set(got) & set(expected) if got[k] != expected[k])
-        raise RuntimeError(f"{prefix}: name/shape mismatch: missing={missing} extra={extra} "
-                           f"wrong={[(k, got[k], expected[k]) for k in wrong]}")
 
 
 def shapes_tensor(img_shapes) -> torch.Tensor:
@@ -210,19 +104,6 @@ def init_weights(model: torch.nn.Module, seed: int):
 
 def save_transformer(model, folder):
     model.save_pretrained(folder, safe_serialization=True, max_shard_size="10GB")
-
-
-def load_transformer(cls, folder, realign=True):
-    # low_cpu_mem_usage=False: plain load (accelerate is not a pinned requirement)
-    model = cls.from_pretrained(folder, torch_dtype=torch.float32, low_cpu_mem_usage=False)
-    if realign:
-        # Parameters loaded from safetensors can sit at 8-byte (not 64-byte) aligned addresses, and the
-        # CPU GEMM kernels then take a different path that changes f32 results by ~1 ulp. Copy every
-        # parameter into a fresh (allocator-aligned) tensor; values are unchanged. (As in dump_flux2.py.)
-        with torch.no_grad():
-            for prm in model.parameters():
-                prm.data = prm.data.clone()
-    return model.eval()
 
 
 def check_reload_weights(model, reloaded, case):
@@ -811,7 +692,7 @@ def run_q21_kv_case(out_root, case, description, seed, B, layout, target_hw, tim
         "max_abs_diff_prefix_kv_extract_vs_extract_at_cached_inputs": kv_step_diff,
         "max_abs_diff_prefix_output_rows_plain_vs_recompute": prefix_out_diff,
     }
-    write_meta(case_dir, meta, dump, inp)
+    write_meta(case_dir, meta, dump, inp, SCRIPT)
 
     reloaded = load_transformer(QwenImage21Transformer2DModel, tdir)
     check_reload_weights(model, reloaded, case)
@@ -891,7 +772,7 @@ def run_q21_no_causal_case(out_root):
         "kv_cache_error": {"type": "ValueError", "message": errors["extract"],
                            "raised_for_modes": ["extract", "cached"]},
     }
-    write_meta(case_dir, meta, dump, inp)
+    write_meta(case_dir, meta, dump, inp, SCRIPT)
     reloaded = load_transformer(QwenImage21Transformer2DModel, tdir)
     check_reload_weights(model, reloaded, case)
     with torch.no_grad():
@@ -955,7 +836,6 @@ def run_q21_pipeline(transformer, inp, sched_cfg, cfg_scale, neg, sample_sigmas=
 
     ch, cw = PIPE_COND_HW
     th, tw = PIPE_TARGET_HW
-    T = th * tw
 
     # (1) the VAE encode of the condition image returns the given (normalised) latents
     calls = {"vae": 0, "encode_prompt": []}
@@ -1227,7 +1107,7 @@ def run_q21_pipeline_case(out_root, case, refs_model, seed, neg, cfg_scale, sche
             "sigmas": [float(x) for x in probe.sigmas],
             "timesteps": [float(x) for x in probe.timesteps],
         }
-    write_meta(case_dir, meta, dump, inp)
+    write_meta(case_dir, meta, dump, inp, SCRIPT)
 
     reloaded = load_transformer(QwenImage21Transformer2DModel, tdir)
     check_reload_weights(model, reloaded, case)
@@ -1309,7 +1189,7 @@ def run_qi_case(out_root, case, description, seed, img_shapes_arg, L, timestep, 
         "call": "model(hidden_states, encoder_hidden_states, encoder_hidden_states_mask, timestep, img_shapes, "
                 "return_dict=False)",
     }
-    write_meta(case_dir, meta, dump, inp)
+    write_meta(case_dir, meta, dump, inp, SCRIPT)
     reloaded = load_transformer(QwenImageTransformer2DModel, tdir)
     check_reload_weights(model, reloaded, case)
     with torch.no_grad():
