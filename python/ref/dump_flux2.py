@@ -47,8 +47,8 @@ from diffusers.models.transformers.transformer_flux2 import (
     Flux2KVParallelSelfAttnProcessor,
 )
 
-from ref_common import (check_names, check_pins, clean_config, f32_contig, fresh_dir, load_transformer,
-                        max_abs, setup_determinism, versions, write_meta, write_st)
+from ref_common import (TracerBase, check_names, check_pins, clean_config, f32_contig, fresh_dir,
+                        load_transformer, max_abs, setup_determinism, versions, write_meta, write_st)
 
 SCRIPT = "python/ref/dump_flux2.py"
 MAX_FILE_BYTES = 4 * 1024 * 1024  # hard limit per written file (brief: "well under 4 MiB")
@@ -58,7 +58,7 @@ MAX_FILE_BYTES = 4 * 1024 * 1024  # hard limit per written file (brief: "well un
 # --------------------------------------------------------------------------------------
 
 
-class Tracer:
+class Tracer(TracerBase):
     """Hooks a Flux2Transformer2DModel and records intermediates while ``record()`` is active."""
 
     active: "Tracer | None" = None  # the tracer currently recording (seen by the namespace wrappers)
@@ -78,42 +78,15 @@ class Tracer:
     }
 
     def __init__(self, model: Flux2Transformer2DModel):
-        self.model = model
-        self.store: dict[str, torch.Tensor] | None = None
-        self.side: dict[str, torch.Tensor] = {}  # for internal consistency checks, not dumped
-        self.prefix = ""
-        self.cur_attn: str | None = None
         self.kv_depth = 0
         self.calls: dict[str, int] = {}
-        self.handles = []
-        self._install()
+        super().__init__(model)
 
-    # ---- recording -------------------------------------------------------------------
-    @contextlib.contextmanager
-    def record(self, prefix: str = ""):
-        assert Tracer.active is None
-        self.store, self.side, self.prefix, self.calls = {}, {}, prefix, {}
-        self.cur_attn, self.kv_depth = None, 0
-        Tracer.active = self
-        try:
-            yield self.store
-            self._check_attn_out()
-        finally:
-            Tracer.active = None
-            self.store, self.side, self.cur_attn = None, {}, None
+    def _reset(self):
+        self.calls, self.kv_depth = {}, 0
 
-    def put(self, name: str, t: torch.Tensor):
-        if self.store is None:
-            return
-        key = self.prefix + name
-        if key in self.store:
-            raise RuntimeError(f"intermediate {key} recorded twice")
-        self.store[key] = t.detach().to(torch.float32).contiguous().clone()
-
-    def remove(self):
-        for h in self.handles:
-            h.remove()
-        self.handles = []
+    def _check(self):
+        self._check_attn_out()
 
     # ---- hooks -----------------------------------------------------------------------
     def _install(self):
@@ -204,31 +177,6 @@ class Tracer:
             self.put(p + "norm", kwargs["hidden_states"])
 
         return hook
-
-    def _attn_exit(self):
-        def hook(mod, args, out):
-            self.cur_attn = None
-
-        return hook
-
-    def _side_in(self, key):
-        def hook(mod, args):
-            if self.store is not None:
-                self.side[key] = args[0].detach().clone()
-
-        return hook
-
-    def on_attention(self, query, key, value, out):
-        """Called by the namespace wrappers with the joint [txt; img] q/k/v and the attention result."""
-        if self.store is None:
-            return
-        if self.cur_attn is None:
-            raise RuntimeError("attention call outside of an attention module")
-        p = self.cur_attn
-        self.put(p + ".q", query)
-        self.put(p + ".k", key)
-        self.put(p + ".v", value)
-        self.put(p + ".out", out.flatten(2, 3))
 
     def _check_attn_out(self):
         """attn.out must equal what to_out / to_add_out consume (guards the wrapper approach)."""

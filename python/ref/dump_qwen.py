@@ -48,8 +48,8 @@ import diffusers.models.transformers.transformer_qwenimage as tqi
 import diffusers.pipelines.qwenimage21.pipeline_qwenimage21 as q21pipe_mod
 from diffusers.models.transformers.transformer_qwenimage21 import QwenImage21AttnProcessor, QwenImage21KVCache
 
-from ref_common import (check_names, check_pins, clean_config, f32_contig, fresh_dir, load_transformer,
-                        max_abs, setup_determinism, versions, write_meta, write_st)
+from ref_common import (TracerBase, check_names, check_pins, clean_config, f32_contig, fresh_dir,
+                        load_transformer, max_abs, setup_determinism, versions, write_meta, write_st)
 
 SCRIPT = "python/ref/dump_qwen.py"
 MAX_FILE_BYTES = 4 * 1024 * 1024  # hard limit per written file
@@ -118,7 +118,7 @@ def check_reload_weights(model, reloaded, case):
 # --------------------------------------------------------------------------------------
 
 
-class Q21Tracer:
+class Q21Tracer(TracerBase):
     """Hooks a QwenImage21Transformer2DModel and records intermediates while ``record()`` is active."""
 
     active: "Q21Tracer | None" = None
@@ -132,39 +132,6 @@ class Q21Tracer:
         "proj_out": "output",
     }
 
-    def __init__(self, model: QwenImage21Transformer2DModel):
-        self.model = model
-        self.store: dict[str, torch.Tensor] | None = None
-        self.side: dict[str, Any] = {}  # internal consistency data, not dumped unless asked
-        self.prefix = ""
-        self.cur_attn: str | None = None
-        self.handles = []
-        self._install()
-
-    @contextlib.contextmanager
-    def record(self, prefix: str = ""):
-        assert Q21Tracer.active is None
-        self.store, self.side, self.prefix, self.cur_attn = {}, {}, prefix, None
-        Q21Tracer.active = self
-        try:
-            yield self.store
-        finally:
-            Q21Tracer.active = None
-            self.store, self.cur_attn = None, None
-
-    def put(self, name: str, t: torch.Tensor):
-        if self.store is None:
-            return
-        key = self.prefix + name
-        if key in self.store:
-            raise RuntimeError(f"intermediate {key} recorded twice")
-        self.store[key] = t.detach().to(torch.float32).contiguous().clone()
-
-    def remove(self):
-        for h in self.handles:
-            h.remove()
-        self.handles = []
-
     def _install(self):
         m = self.model
         for attr, name in self.MODULE_NAMES.items():
@@ -176,12 +143,6 @@ class Q21Tracer:
             self.handles.append(blk.attn.register_forward_pre_hook(self._attn_in(p), with_kwargs=True))
             self.handles.append(blk.attn.register_forward_hook(self._attn_exit()))
             self.handles.append(blk.attn.to_out[0].register_forward_pre_hook(self._to_out_in(p)))
-
-    def _out_hook(self, name):
-        def hook(mod, args, out):
-            self.put(name, out)
-
-        return hook
 
     def _block_in(self, p, first):
         def hook(mod, args, kwargs):
@@ -204,12 +165,6 @@ class Q21Tracer:
             self.cur_attn = p + "attn"
             self.side[p + "dispatch_out"] = []
             self.put(p + "norm1", kwargs["hidden_states"])
-
-        return hook
-
-    def _attn_exit(self):
-        def hook(mod, args, out):
-            self.cur_attn = None
 
         return hook
 
@@ -329,7 +284,7 @@ def expected_21(model, B, L, N, S_cur, rows) -> dict[str, tuple]:
 # --------------------------------------------------------------------------------------
 
 
-class QITracer:
+class QITracer(TracerBase):
     """Hooks a QwenImageTransformer2DModel and records intermediates while ``record()`` is active."""
 
     active: "QITracer | None" = None
@@ -342,29 +297,8 @@ class QITracer:
         "proj_out": "output",
     }
 
-    def __init__(self, model: QwenImageTransformer2DModel):
-        self.model = model
-        self.store: dict[str, torch.Tensor] | None = None
-        self.side: dict[str, torch.Tensor] = {}
-        self.prefix = ""
-        self.cur_attn: str | None = None
-        self.handles = []
-        self._install()
-
-    @contextlib.contextmanager
-    def record(self, prefix: str = ""):
-        assert QITracer.active is None
-        self.store, self.side, self.prefix, self.cur_attn = {}, {}, prefix, None
-        QITracer.active = self
-        try:
-            yield self.store
-            self._check_attn_out()
-        finally:
-            QITracer.active = None
-            self.store, self.cur_attn = None, None
-
-    put = Q21Tracer.put
-    remove = Q21Tracer.remove
+    def _check(self):
+        self._check_attn_out()
 
     def _install(self):
         m = self.model
@@ -378,12 +312,6 @@ class QITracer:
             self.handles.append(blk.attn.register_forward_hook(self._attn_exit()))
             self.handles.append(blk.attn.to_out[0].register_forward_pre_hook(self._side_in(p + "to_out_in")))
             self.handles.append(blk.attn.to_add_out.register_forward_pre_hook(self._side_in(p + "to_add_out_in")))
-
-    def _out_hook(self, name):
-        def hook(mod, args, out):
-            self.put(name, out)
-
-        return hook
 
     def _block_in(self, p, first):
         def hook(mod, args, kwargs):
@@ -418,30 +346,6 @@ class QITracer:
             self.put(p + "norm1_context", kwargs["encoder_hidden_states"])
 
         return hook
-
-    def _attn_exit(self):
-        def hook(mod, args, out):
-            self.cur_attn = None
-
-        return hook
-
-    def _side_in(self, key):
-        def hook(mod, args):
-            if self.store is not None:
-                self.side[key] = args[0].detach().clone()
-
-        return hook
-
-    def on_attention(self, query, key, value, out):
-        if self.store is None:
-            return
-        if self.cur_attn is None:
-            raise RuntimeError("attention call outside of an attention module")
-        p = self.cur_attn
-        self.put(p + ".q", query)
-        self.put(p + ".k", key)
-        self.put(p + ".v", value)
-        self.put(p + ".out", out.flatten(2, 3))
 
     def _check_attn_out(self):
         """attn.out must equal what to_add_out / to_out consume (guards the wrapper approach)."""

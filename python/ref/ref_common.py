@@ -3,6 +3,7 @@ versions, reproducible safetensors / JSON output, name checks. No side effects o
 dumpers install their own wrappers into diffusers' modules; this module touches none)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -130,3 +131,87 @@ def load_transformer(cls, folder, realign=True):
 
 def max_abs(a, b) -> float:
     return float((a - b).abs().max()) if a.numel() else 0.0
+
+
+class TracerBase:
+    """Forward hooks on a diffusers transformer that record named intermediates while ``record()``
+    is active. Subclasses install their hooks in ``_install()``; each subclass's ``active`` is the
+    tracer the attention wrappers report to."""
+
+    active = None
+
+    def __init__(self, model):
+        self.model = model
+        self.store: dict[str, torch.Tensor] | None = None
+        self.side: dict = {}  # internal consistency data, not dumped unless asked
+        self.prefix = ""
+        self.cur_attn: str | None = None
+        self.handles = []
+        self._install()
+
+    def _install(self):
+        raise NotImplementedError
+
+    def _reset(self):
+        """Per-recording state beyond the common one."""
+
+    def _check(self):
+        """Consistency checks at the end of a recording."""
+
+    @contextlib.contextmanager
+    def record(self, prefix: str = ""):
+        cls = type(self)
+        assert cls.active is None
+        self.store, self.side, self.prefix, self.cur_attn = {}, {}, prefix, None
+        self._reset()
+        cls.active = self
+        try:
+            yield self.store
+            self._check()
+        finally:
+            cls.active = None
+            self.store, self.cur_attn = None, None
+
+    def put(self, name: str, t: torch.Tensor):
+        if self.store is None:
+            return
+        key = self.prefix + name
+        if key in self.store:
+            raise RuntimeError(f"intermediate {key} recorded twice")
+        self.store[key] = t.detach().to(torch.float32).contiguous().clone()
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+
+    def _out_hook(self, name):
+        def hook(mod, args, out):
+            self.put(name, out)
+
+        return hook
+
+    def _attn_exit(self):
+        def hook(mod, args, out):
+            self.cur_attn = None
+
+        return hook
+
+    def _side_in(self, key):
+        def hook(mod, args):
+            if self.store is not None:
+                self.side[key] = args[0].detach().clone()
+
+        return hook
+
+    def on_attention(self, query, key, value, out):
+        """Called by the attention wrappers with the joint q/k/v and the attention result."""
+        if self.store is None:
+            return
+        if self.cur_attn is None:
+            raise RuntimeError("attention call outside of an attention module")
+        p = self.cur_attn
+        self.put(p + ".q", query)
+        self.put(p + ".k", key)
+        self.put(p + ".v", value)
+        self.put(p + ".out", out.flatten(2, 3))
