@@ -41,6 +41,30 @@ void check_common(int64_t heads, int64_t hd, const std::vector<int64_t>& axes,
   FLOWKV_CHECK(sum == hd, src, ": axes_dims_rope sums to ", sum, " but attention_head_dim is ", hd);
 }
 
+// The fields both configs share (out_channels defaults as the class's own default does).
+template <class C>
+void read_shared(const Json& j, C& c, int64_t out_default, const std::string& src) {
+  c.patch_size = get_int(j, "patch_size", c.patch_size, src);
+  c.in_channels = get_int(j, "in_channels", c.in_channels, src);
+  c.out_channels = get_int(j, "out_channels", out_default, src);
+  c.num_layers = get_int(j, "num_layers", c.num_layers, src);
+  c.attention_head_dim = get_int(j, "attention_head_dim", c.attention_head_dim, src);
+  c.num_attention_heads = get_int(j, "num_attention_heads", c.num_attention_heads, src);
+  c.axes_dims_rope = get_axes(j, c.axes_dims_rope, src);
+}
+
+template <class C>
+Json shared_json(const C& c, const char* class_name) {
+  return {{"_class_name", class_name},
+          {"patch_size", c.patch_size},
+          {"in_channels", c.in_channels},
+          {"out_channels", c.out_channels},
+          {"num_layers", c.num_layers},
+          {"attention_head_dim", c.attention_head_dim},
+          {"num_attention_heads", c.num_attention_heads},
+          {"axes_dims_rope", c.axes_dims_rope}};
+}
+
 }  // namespace
 
 std::string class_name(const Json& config) {
@@ -56,15 +80,9 @@ Config21 Config21::from_json(const Json& j, const std::string& src) {
   FLOWKV_CHECK(cls.empty() || cls == "QwenImage21Transformer2DModel", src, ": _class_name is \"",
                cls, "\", expected \"QwenImage21Transformer2DModel\"");
   Config21 c;
-  c.patch_size = get_int(j, "patch_size", c.patch_size, src);
-  c.in_channels = get_int(j, "in_channels", c.in_channels, src);
-  c.out_channels = get_int(j, "out_channels", c.in_channels, src);
-  c.num_layers = get_int(j, "num_layers", c.num_layers, src);
-  c.attention_head_dim = get_int(j, "attention_head_dim", c.attention_head_dim, src);
-  c.num_attention_heads = get_int(j, "num_attention_heads", c.num_attention_heads, src);
+  read_shared(j, c, get_int(j, "in_channels", c.in_channels, src), src);
   c.context_in_dim = get_int(j, "context_in_dim", c.context_in_dim, src);
   c.mlp_ratio = get_int(j, "mlp_ratio", c.mlp_ratio, src);
-  c.axes_dims_rope = get_axes(j, c.axes_dims_rope, src);
   if (j.contains("eps") && j["eps"].is_number()) c.eps = j["eps"].get<double>();
   c.causal_condition = get_bool(j, "causal_condition", c.causal_condition, src);
   FLOWKV_CHECK(c.patch_size > 0 && c.in_channels > 0 && c.out_channels > 0 && c.num_layers >= 0 &&
@@ -75,18 +93,12 @@ Config21 Config21::from_json(const Json& j, const std::string& src) {
 }
 
 Json Config21::to_json() const {
-  return {{"_class_name", "QwenImage21Transformer2DModel"},
-          {"patch_size", patch_size},
-          {"in_channels", in_channels},
-          {"out_channels", out_channels},
-          {"num_layers", num_layers},
-          {"attention_head_dim", attention_head_dim},
-          {"num_attention_heads", num_attention_heads},
-          {"context_in_dim", context_in_dim},
-          {"mlp_ratio", mlp_ratio},
-          {"axes_dims_rope", axes_dims_rope},
-          {"eps", eps},
-          {"causal_condition", causal_condition}};
+  Json j = shared_json(*this, "QwenImage21Transformer2DModel");
+  j["context_in_dim"] = context_in_dim;
+  j["mlp_ratio"] = mlp_ratio;
+  j["eps"] = eps;
+  j["causal_condition"] = causal_condition;
+  return j;
 }
 
 ConfigQwenImage ConfigQwenImage::from_json(const Json& j, const std::string& src) {
@@ -95,14 +107,8 @@ ConfigQwenImage ConfigQwenImage::from_json(const Json& j, const std::string& src
   FLOWKV_CHECK(cls.empty() || cls == "QwenImageTransformer2DModel", src, ": _class_name is \"", cls,
                "\", expected \"QwenImageTransformer2DModel\"");
   ConfigQwenImage c;
-  c.patch_size = get_int(j, "patch_size", c.patch_size, src);
-  c.in_channels = get_int(j, "in_channels", c.in_channels, src);
-  c.out_channels = get_int(j, "out_channels", c.out_channels, src);
-  c.num_layers = get_int(j, "num_layers", c.num_layers, src);
-  c.attention_head_dim = get_int(j, "attention_head_dim", c.attention_head_dim, src);
-  c.num_attention_heads = get_int(j, "num_attention_heads", c.num_attention_heads, src);
+  read_shared(j, c, c.out_channels, src);
   c.joint_attention_dim = get_int(j, "joint_attention_dim", c.joint_attention_dim, src);
-  c.axes_dims_rope = get_axes(j, c.axes_dims_rope, src);
   c.zero_cond_t = get_bool(j, "zero_cond_t", c.zero_cond_t, src);
   FLOWKV_CHECK(!get_bool(j, "use_additional_t_cond", false, src) &&
                    !get_bool(j, "use_layer3d_rope", false, src),
@@ -115,17 +121,11 @@ ConfigQwenImage ConfigQwenImage::from_json(const Json& j, const std::string& src
 }
 
 Json ConfigQwenImage::to_json() const {
-  return {{"_class_name", "QwenImageTransformer2DModel"},
-          {"patch_size", patch_size},
-          {"in_channels", in_channels},
-          {"out_channels", out_channels},
-          {"num_layers", num_layers},
-          {"attention_head_dim", attention_head_dim},
-          {"num_attention_heads", num_attention_heads},
-          {"joint_attention_dim", joint_attention_dim},
-          {"axes_dims_rope", axes_dims_rope},
-          {"zero_cond_t", zero_cond_t},
-          {"guidance_embeds", false}};
+  Json j = shared_json(*this, "QwenImageTransformer2DModel");
+  j["joint_attention_dim"] = joint_attention_dim;
+  j["zero_cond_t"] = zero_cond_t;
+  j["guidance_embeds"] = false;
+  return j;
 }
 
 }  // namespace flowkv::qwen
