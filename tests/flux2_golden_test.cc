@@ -18,16 +18,8 @@ using test::golden;
 // 2.4e-4. Every other case stays below 3.4e-6.
 constexpr double kF32Tol = 1e-5;
 
-struct Case {
-  std::string dir;
-  std::map<std::string, Tensor> in, dump;
-  std::vector<std::string> order;
-  explicit Case(const std::string& name) : dir(golden("flux2/" + name)) {
-    in = test::load_tensors(dir + "/inputs.safetensors");
-    dump = test::load_tensors(dir + "/dump.safetensors");
-    order = test::dump_order(dir);
-  }
-  const float* at(const std::string& n) const { return in.at(n).f32(); }
+struct Case : test::GoldenCase {
+  explicit Case(const std::string& name) : GoldenCase("flux2/" + name) {}
 };
 
 flux2::Model load_f32(const std::string& dir) {

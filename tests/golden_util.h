@@ -71,9 +71,19 @@ inline void expect_matches_dump(const std::map<std::string, Tensor>& got,
               worst, worst_name.c_str());
 }
 
-inline std::vector<std::string> dump_order(const std::string& case_dir) {
-  const Json meta = read_json_file(case_dir + "/meta.json");
-  return meta.at("dump_names").get<std::vector<std::string>>();
-}
+// One dumped case: its folder, inputs, dumped intermediates in forward order, and meta.json.
+struct GoldenCase {
+  std::string dir;
+  std::map<std::string, Tensor> in, dump;
+  std::vector<std::string> order;
+  Json meta;
+  explicit GoldenCase(const std::string& rel) : dir(golden(rel)) {
+    in = load_tensors(dir + "/inputs.safetensors");
+    dump = load_tensors(dir + "/dump.safetensors");
+    meta = read_json_file(dir + "/meta.json");
+    order = meta.at("dump_names").get<std::vector<std::string>>();
+  }
+  const float* at(const std::string& name) const { return in.at(name).f32(); }
+};
 
 }  // namespace flowkv::test

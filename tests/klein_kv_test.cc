@@ -57,10 +57,11 @@ TEST(Scheduler, Bf16TimestepRoundingOfTheSpec) {
 // ---------------------------------------------------------------- diffusers pipeline parity
 
 TEST(KleinKvPipeline, TwoStepDenoiseMatchesDiffusers) {
-  const std::string dir = test::golden("flux2/klein_kv_pipeline");
-  const auto in = test::load_tensors(dir + "/inputs.safetensors");
-  const auto dump = test::load_tensors(dir + "/dump.safetensors");
-  const Json meta = read_json_file(dir + "/meta.json");
+  const test::GoldenCase c("flux2/klein_kv_pipeline");
+  const std::string& dir = c.dir;
+  const auto& in = c.in;
+  const auto& dump = c.dump;
+  const Json& meta = c.meta;
   flux2::LoadOptions o;
   o.auto_dtype = false;
   const flux2::Model m = flux2::Model::load(dir + "/transformer", o);
@@ -95,7 +96,7 @@ TEST(KleinKvPipeline, TwoStepDenoiseMatchesDiffusers) {
     const float t = sched::model_timestep(res.schedule.timesteps[k], false);
     got["step." + std::to_string(k) + ".timestep"] = Tensor::from_vector({t}, {1});
   }
-  test::expect_matches_dump(got, dump, test::dump_order(dir), "step.", 1e-5);
+  test::expect_matches_dump(got, dump, c.order, "step.", 1e-5);
 }
 
 // ---------------------------------------------------------------- exactness

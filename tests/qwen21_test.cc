@@ -27,10 +27,10 @@ std::vector<uint8_t> bytes_of(const Tensor& t) {
 // ---------------------------------------------------------------- diffusers pipeline parity
 
 void run_pipeline_case(const std::string& name, bool cfg) {
-  const std::string dir = test::golden("qwen_image21/" + name);
-  const auto in = test::load_tensors(dir + "/inputs.safetensors");
-  const auto dump = test::load_tensors(dir + "/dump.safetensors");
-  const Json meta = read_json_file(dir + "/meta.json");
+  const test::GoldenCase c("qwen_image21/" + name);
+  const auto& in = c.in;
+  const auto& dump = c.dump;
+  const Json& meta = c.meta;
   qwen::LoadOptions21 o;
   o.auto_dtype = false;
   const qwen::Model21 m = qwen::Model21::load(test::golden("qwen_image21/refs/transformer"), o);
@@ -86,7 +86,7 @@ void run_pipeline_case(const std::string& name, bool cfg) {
     got["step." + std::to_string(k) + ".timestep"] =
         Tensor::from_vector({sched::model_timestep(res.schedule.timesteps[k], false)}, {1});
   }
-  test::expect_matches_dump(got, dump, test::dump_order(dir), "step.", 1e-5);
+  test::expect_matches_dump(got, dump, c.order, "step.", 1e-5);
 }
 
 TEST(Qwen21Pipeline, TwoStepCfgWithOneCachePerBranchMatchesDiffusers) {

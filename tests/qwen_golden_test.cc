@@ -16,18 +16,7 @@ using test::golden;
 // f32: max abs error <= 1e-5 x max |reference| for every tensor (as for FLUX.2).
 constexpr double kF32Tol = 1e-5;
 
-struct Case {
-  std::string dir;
-  std::map<std::string, Tensor> in, dump;
-  std::vector<std::string> order;
-  Json meta;
-  explicit Case(const std::string& name) : dir(golden(name)) {
-    in = test::load_tensors(dir + "/inputs.safetensors");
-    dump = test::load_tensors(dir + "/dump.safetensors");
-    order = test::dump_order(dir);
-    meta = read_json_file(dir + "/meta.json");
-  }
-};
+using Case = test::GoldenCase;
 
 // The inputs of a diffusers 2.1 call split the way flowkv takes them: condition latents and
 // target latents apart, the slot mask of the text rows, the prompt mask as bytes.
