@@ -1,5 +1,6 @@
-// Threading. One OpenMP team per process (oneDNN runs on the same runtime). Work is split into
-// tasks whose boundaries depend only on the problem shape, never on the thread count, so a
+// Threading. Each parallel_for runs on an OpenMP team started by the calling thread (several
+// callers: several teams); oneDNN runs on the same runtime, one thread per primitive. Work is split
+// into tasks whose boundaries depend only on the problem shape, never on the thread count, so a
 // result is bit-identical whether 1 or N threads run it.
 #pragma once
 
@@ -9,11 +10,21 @@
 
 namespace flowkv {
 
-// Threads used by parallel_for; 0 means "all the machine's cores".
+// Threads used by parallel_for; 0 means "all the machine's cores". Process-wide; safe to call
+// while other threads run (a parallel_for already running keeps the team it started with).
 void set_num_threads(int n);
 int num_threads();
 
+namespace detail {
+// The calling thread's index in the parallel_for team it works for (0 outside one). Kept by
+// parallel_for itself: omp_get_thread_num() would answer for a caller's own OpenMP team.
+inline thread_local int t_thread_index = 0;
+}  // namespace detail
+
 // Calls fn(i) for i in [0, n), spread over the threads. Each task must write disjoint memory.
+// Whatever thread calls it (main, a bare std::thread, a thread inside the caller's own OpenMP
+// team) and whatever that thread's OpenMP settings are, the team is num_threads() threads (or
+// just the caller, inside another parallel region).
 template <class Fn>
 void parallel_for(int64_t n, Fn&& fn) {
   const int threads = num_threads();
@@ -21,13 +32,19 @@ void parallel_for(int64_t n, Fn&& fn) {
     for (int64_t i = 0; i < n; ++i) fn(i);
     return;
   }
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
-  for (int64_t i = 0; i < n; ++i) fn(i);
+  const int outer = detail::t_thread_index;
+#pragma omp parallel num_threads(threads)
+  {
+    detail::t_thread_index = omp_get_thread_num();
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < n; ++i) fn(i);
+  }
+  detail::t_thread_index = outer;
 }
 
-// Index of the calling thread inside parallel_for (0 outside).
+// Index of the calling thread in its parallel_for team, below the team size (0 outside one).
 inline int thread_index() {
-  return omp_get_thread_num();
+  return detail::t_thread_index;
 }
 
 }  // namespace flowkv

@@ -1,3 +1,5 @@
+#include <omp.h>
+
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -19,11 +21,31 @@ using dnnl::memory;
 using Tag = memory::format_tag;
 using DT = memory::data_type;
 
+// oneDNN (OpenMP build) plans a primitive for, and runs it on, omp_get_max_threads() threads:
+// an OpenMP setting each thread holds for itself (a bare std::thread has the default team, an
+// embedding application may have set anything). flowkv runs each primitive on one thread (it
+// parallelises over tiles itself), so every oneDNN call (creating a primitive descriptor or
+// primitive, executing one) runs inside this scope, which pins the calling thread's team to one
+// and restores the caller's setting after. The plan, the scratchpad size and the summation
+// order are then the same on every thread.
+class OneThreadScope {
+ public:
+  OneThreadScope() : prev_(omp_get_max_threads()) {
+    if (prev_ != 1) omp_set_num_threads(1);
+  }
+  ~OneThreadScope() {
+    if (prev_ != 1) omp_set_num_threads(prev_);
+  }
+  OneThreadScope(const OneThreadScope&) = delete;
+  OneThreadScope& operator=(const OneThreadScope&) = delete;
+
+ private:
+  int prev_;
+};
+
 dnnl::engine& cpu_engine() {
   static dnnl::engine eng = [] {
-    // oneDNN plans its primitives for omp_get_max_threads() threads. flowkv runs each
-    // primitive on one thread (it parallelises over tiles itself), so it plans for one.
-    omp_set_num_threads(1);
+    OneThreadScope one;
     return dnnl::engine(dnnl::engine::kind::cpu, 0);
   }();
   return eng;
@@ -44,6 +66,7 @@ void* thread_scratch(size_t bytes) {
 // oneDNN runs bf16 matmul only where the CPU has bf16 instructions (AVX512_BF16, AMX).
 bool native_bf16() {
   static const bool ok = [] {
+    OneThreadScope one;
     try {
       memory::desc a({8, 32}, DT::bf16, Tag::ab), b({32, 16}, DT::bf16, Tag::any),
           c({8, 16}, DT::f32, Tag::ab);
@@ -95,6 +118,7 @@ const Prim& get_prim(const PrimKey& key, const memory::desc& wei) {
   static std::mutex mu;
   static std::map<PrimKey, std::vector<std::unique_ptr<Prim>>> cache;
   std::lock_guard<std::mutex> lock(mu);
+  OneThreadScope one;
   auto& list = cache[key];
   for (const auto& p : list) {
     if (p->wei == wei) return *p;
@@ -185,6 +209,7 @@ void Linear::build(const float* w, int64_t n, int64_t k, DType compute, bool kee
   if (n == 0) return;
   auto& eng = cpu_engine();
   const DT dt = gemm_type(compute);
+  OneThreadScope one;  // the weight layout oneDNN picks must not depend on the calling thread
   const int64_t chunk = gemm_tiles(kPackRows, n, k).cols;
   for (int64_t n0 = 0; n0 < n; n0 += chunk) {
     auto c = std::make_shared<Packed>();
@@ -295,6 +320,7 @@ void Linear::forward(const ExecContext& ctx, Mat x, Mat y) const {
           memory(memory::desc({static_cast<int64_t>(p.scratch)}, DT::u8, Tag::a), eng,
                  thread_scratch(p.scratch));
     }
+    OneThreadScope one;
     p.prim.execute(thread_stream(), args);
   });
   if (!bias_.empty()) {
