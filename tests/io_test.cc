@@ -12,6 +12,7 @@
 #include "io/json.h"
 #include "io/safetensors.h"
 #include "models/flux2/model.h"
+#include "temp_files.h"
 #include "test_util.h"
 
 namespace flowkv {
@@ -19,46 +20,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
-class TempDir {
- public:
-  TempDir() {
-    path_ = fs::temp_directory_path() /
-            ("flowkv_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++));
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-  const fs::path& path() const { return path_; }
+using test::expect_error;
+using test::TempDir;
+const auto write = test::write_file;
 
- private:
-  fs::path path_;
-  static inline int counter_ = 0;
-};
-
-std::string raw_file(const std::string& header, size_t data_bytes) {
-  std::string s(8, '\0');
-  uint64_t n = header.size();
-  for (int i = 0; i < 8; ++i) s[i] = static_cast<char>(n >> (8 * i));
-  return s + header + std::string(data_bytes, '\0');
-}
-
-void write(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary) << bytes;
-}
-
-// Expects an Error whose message contains every fragment.
-template <class Fn>
-void expect_error(Fn&& fn, std::initializer_list<const char*> fragments) {
-  try {
-    fn();
-    ADD_FAILURE() << "no error";
-  } catch (const Error& e) {
-    for (const char* f : fragments) {
-      EXPECT_NE(std::string(e.what()).find(f), std::string::npos)
-          << "message \"" << e.what() << "\" lacks \"" << f << "\"";
-    }
-  }
-}
+const auto raw_file = test::safetensors_bytes;
 
 TEST(Safetensors, RoundTripsF32Bf16F16) {
   TempDir d;

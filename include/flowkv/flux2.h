@@ -23,6 +23,9 @@ struct Flux2Call {
   Tensor txt_ids;   // [L, 4]
   Tensor timestep;  // [B]   sigma in [0, 1]
   Tensor guidance;  // [B] or undefined
+  // Debugging: check the inputs, every named intermediate and the output for NaN or infinity
+  // and fail naming the first that holds one (slower: every intermediate is copied).
+  bool check_finite = false;
 };
 
 // Where one forward's time went (filled when passed to forward).

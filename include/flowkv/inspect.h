@@ -1,5 +1,6 @@
 // `flowkv inspect`: what a checkpoint is and what is wrong with it, from its headers alone
-// (no weight is read, so a real-size checkpoint inspects in milliseconds).
+// (no weight is read, so a real-size checkpoint inspects in milliseconds), and optionally from
+// its values (NaN and infinity).
 #pragma once
 
 #include <cstdint>
@@ -24,7 +25,13 @@ struct InspectReport {
   bool ok() const { return problems.empty(); }
 };
 
-InspectReport inspect(const std::string& path);
+struct InspectOptions {
+  // Also read every weight and report each tensor holding NaN or infinity (reads the whole
+  // checkpoint: seconds per GB instead of milliseconds).
+  bool check_values = false;
+};
+
+InspectReport inspect(const std::string& path, const InspectOptions& opts = {});
 std::string format_report(const InspectReport& r);
 
 }  // namespace flowkv

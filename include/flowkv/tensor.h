@@ -56,4 +56,8 @@ class Tensor {
   std::shared_ptr<void> holder_;
 };
 
+// Index of the first NaN or infinite element of an F32, BF16 or F16 tensor, or -1 if every
+// element is finite.
+int64_t first_non_finite(const Tensor& t);
+
 }  // namespace flowkv

@@ -3,9 +3,12 @@
 
 #include "api/flux2_impl.h"
 #include "core/arena.h"
+#include "core/checked.h"
 #include "flowkv/error.h"
 #include "io/checkpoint.h"
 #include "models/flux2/builtin.h"
+#include "models/flux2/layout.h"
+#include "pipeline/request_limits.h"
 
 namespace flowkv {
 
@@ -131,6 +134,9 @@ Tensor Flux2Transformer::forward(const Flux2Call& call, ForwardProfile* profile,
     need(call.guidance, 1, "guidance");
     FLOWKV_CHECK(call.guidance.dim(0) == b, "guidance needs one value per batch element");
   }
+  pipeline::RequestSize size{.batch = b, .tokens = checked_add(n, l, "forward tokens")};
+  pipeline::check_request_limits(size);
+  pipeline::check_request_memory(flux2::cost_shape(c, 2), size);
   Tensor out = Tensor::empty({b, n, c.out_features()});
   flux2::ForwardArgs a;
   a.batch = b;
@@ -147,7 +153,19 @@ Tensor Flux2Transformer::forward(const Flux2Call& call, ForwardProfile* profile,
   Arena& arena = (ws ? *ws : local).arena();
   Profile prof;
   const auto t0 = std::chrono::steady_clock::now();
-  impl_->model.forward({&arena, KernelPath::kFast, nullptr, profile ? &prof : nullptr}, a);
+  FiniteChecker finite;
+  if (call.check_finite) {
+    for (const auto& [t, name] : {std::pair{&call.img, "img"},
+                                  {&call.txt, "txt"},
+                                  {&call.timestep, "timestep"},
+                                  {&call.guidance, "guidance"}}) {
+      if (t->defined()) finite.record(name, *t);
+    }
+  }
+  impl_->model.forward(
+      {&arena, KernelPath::kFast, call.check_finite ? &finite : nullptr, profile ? &prof : nullptr},
+      a);
+  if (call.check_finite) finite.record("output", out);
   if (profile) {
     profile->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     profile->linear_seconds = prof.linear.seconds;

@@ -29,13 +29,33 @@ std::string layout_name(const CheckpointScan& scan, bool bfl) {
   return "diffusers folder";
 }
 
+// One line per tensor holding NaN or infinity.
+std::vector<std::string> non_finite_tensors(const CheckpointScan& scan) {
+  std::vector<std::string> out;
+  for (const std::string& f : scan.files) {
+    const SafetensorsFile file = SafetensorsFile::open(f);
+    for (const TensorInfo& t : file.header().tensors) {
+      if (!t.dtype_known) continue;
+      const int64_t bad = first_non_finite(file.view(t));
+      if (bad >= 0) {
+        out.push_back("non-finite value: " + t.name + " holds NaN or infinity at element " +
+                      std::to_string(bad));
+      }
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
-InspectReport inspect(const std::string& path) {
+InspectReport inspect(const std::string& path, const InspectOptions& opts) {
   InspectReport r;
   r.path = path;
   const CheckpointScan scan = scan_checkpoint(path, /*lenient=*/true);
   r.problems = scan.problems;
+  if (opts.check_values) {
+    for (const std::string& p : non_finite_tensors(scan)) r.problems.push_back(p);
+  }
   r.files = static_cast<int64_t>(scan.files.size());
   r.tensors = static_cast<int64_t>(scan.tensors.size());
   for (const auto& [name, t] : scan.tensors) r.bytes_by_dtype[t.dtype_name] += t.end - t.begin;
@@ -81,7 +101,14 @@ InspectReport inspect(const std::string& path) {
     return r;
   }
   r.family = "FLUX.2";
-  const flux2::Config found = flux2::infer_config(src.tensors());
+  flux2::Config found;
+  try {
+    found = flux2::infer_config(src.tensors());
+  } catch (const Error& e) {
+    r.problems.push_back(e.what());
+    r.variant = "FLUX.2 whose tensors cannot be read as a model";
+    return r;
+  }
   flux2::Config cfg = found;
   r.config_inferred = true;
   if (scan.config) {
@@ -91,6 +118,14 @@ InspectReport inspect(const std::string& path) {
     } catch (const Error& e) {
       r.problems.push_back(e.what());
     }
+  }
+  try {
+    cfg.validate(r.config_inferred ? scan.path + " (config inferred from shapes)"
+                                   : scan.path + "/config.json");
+  } catch (const Error& e) {
+    r.problems.push_back(e.what());
+    r.variant = "FLUX.2 with an impossible configuration";
+    return r;
   }
   r.variant = flux2::variant_name(cfg);
   r.config_json = cfg.to_json().dump();

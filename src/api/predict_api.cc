@@ -7,7 +7,9 @@
 #include "flowkv/error.h"
 #include "flowkv/predict.h"
 #include "io/checkpoint.h"
+#include "io/mapped_file.h"
 #include "models/flux2/layout.h"
+#include "pipeline/request_limits.h"
 
 namespace flowkv {
 
@@ -19,16 +21,20 @@ flux2::Config resolve_config(const std::string& model, std::string* name) {
     *name = flux2::variant_name(c);
     return c;
   }
-  FLOWKV_CHECK(std::filesystem::exists(model), "unknown model '", model,
+  FLOWKV_CHECK(path_exists(model), "unknown model '", model,
                "': give a released shape (klein-4b, klein-9b, klein-9b-kv, dev), a config.json, "
                "or a checkpoint folder");
-  if (std::filesystem::is_regular_file(model) && model.size() > 5 &&
+  if (path_kind(model) == PathKind::kFile && model.size() > 5 &&
       model.substr(model.size() - 5) == ".json") {
     c = flux2::Config::from_json(read_json_file(model), model);
   } else {
     const CheckpointScan scan = scan_checkpoint(model);
-    c = scan.config ? flux2::Config::from_json(*scan.config, scan.path + "/config.json")
-                    : flux2::infer_config(scan.tensors);
+    if (scan.config) {
+      c = flux2::Config::from_json(*scan.config, scan.path + "/config.json");
+    } else {
+      c = flux2::infer_config(scan.tensors);
+      c.validate(scan.path + " (config inferred from shapes)");
+    }
   }
   *name = flux2::variant_name(c);
   return c;
@@ -38,6 +44,9 @@ KVPrediction predict(const flux2::Config& c, const std::string& name, int64_t te
                      const std::vector<int64_t>& refs, int steps, bool cfg, int kv_bytes) {
   FLOWKV_CHECK(steps >= 1, "steps must be at least 1");
   FLOWKV_CHECK(text > 0 && target > 0, "text and target token counts must be positive");
+  pipeline::check_request_limits({.steps = steps,
+                                  .images = static_cast<int64_t>(refs.size()),
+                                  .tokens = pipeline::sum_tokens(text, refs, target)});
   const cost::ModelShape shape = flux2::cost_shape(c, kv_bytes);
   const TokenLayout layout = flux2::klein_kv_layout(text, refs, target);
   const CachePlan plan = plan_cache(layout, /*cache_exact=*/true, /*text_kv_approx=*/false);

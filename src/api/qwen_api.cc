@@ -9,8 +9,10 @@
 #include "cost/cost_model.h"
 #include "flowkv/error.h"
 #include "io/json.h"
+#include "io/mapped_file.h"
 #include "models/qwen_image/builtin.h"
 #include "pipeline/qwen21.h"
+#include "pipeline/request_limits.h"
 
 namespace flowkv {
 
@@ -105,6 +107,11 @@ void to_request(const QwenImage21Transformer& m, const Qwen21Inputs& in, const Q
 KVPrediction predict(const qwen::Config21& c, const std::string& name, int64_t text,
                      const std::vector<int64_t>& conds, int64_t target, int steps, bool cfg,
                      int kv_bytes) {
+  FLOWKV_CHECK(steps >= 1 && text >= 0 && target > 0,
+               "steps and the target's tokens must be positive, text tokens non-negative");
+  pipeline::check_request_limits({.steps = steps,
+                                  .images = static_cast<int64_t>(conds.size()),
+                                  .tokens = pipeline::sum_tokens(text, conds, target)});
   // Rows: the condition images first (each as one slot run), then the text.
   std::vector<uint8_t> slots;
   std::vector<qwen::Grid> grids;
@@ -199,11 +206,11 @@ KVPrediction predict_qwen21(const QwenImage21Transformer& m, int64_t text,
 
 namespace {
 std::optional<Json> read_config(const std::string& path) {
-  if (path.empty() || !std::filesystem::exists(path)) return std::nullopt;
-  if (std::filesystem::is_regular_file(path)) return read_json_file(path);
+  if (path.empty() || !path_exists(path)) return std::nullopt;
+  if (path_kind(path) == PathKind::kFile) return read_json_file(path);
   for (const char* sub : {"config.json", "transformer/config.json"}) {
-    const auto p = std::filesystem::path(path) / sub;
-    if (std::filesystem::exists(p)) return read_json_file(p.string());
+    const std::string p = (std::filesystem::path(path) / sub).string();
+    if (path_exists(p)) return read_json_file(p);
   }
   return std::nullopt;
 }

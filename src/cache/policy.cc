@@ -1,5 +1,6 @@
 #include "cache/policy.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <sstream>
 
@@ -22,26 +23,35 @@ PolicyOptions PolicyOptions::parse(const std::string& spec) {
     if (item.empty()) continue;
     const size_t eq = item.find('=');
     FLOWKV_CHECK(eq != std::string::npos && eq > 0, "cache option '", item, "' is not key=value");
-    o.values_[item.substr(0, eq)] = item.substr(eq + 1);
+    const bool fresh = o.values_.emplace(item.substr(0, eq), item.substr(eq + 1)).second;
+    FLOWKV_CHECK(fresh, "cache option ", item.substr(0, eq), " is given twice");
   }
   return o;
 }
 
-double PolicyOptions::num(const std::string& key, double def) {
+namespace {
+double parse_knob(const std::string& key, const std::string& text) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  FLOWKV_CHECK(!text.empty() && *end == 0 && std::isfinite(v), "cache option ", key, "=", text,
+               " is not a finite number");
+  return v;
+}
+}  // namespace
+
+double PolicyOptions::num(const std::string& key, double def, KnobRange range) {
   auto it = values_.find(key);
   if (it == values_.end()) return def;
   used_[key] = true;
-  char* end = nullptr;
-  const double v = std::strtod(it->second.c_str(), &end);
-  FLOWKV_CHECK(!it->second.empty() && *end == 0, "cache option ", key, "=", it->second,
-               " is not a number");
+  const double v = parse_knob(key, it->second);
+  FLOWKV_CHECK(v >= range.lo && v <= range.hi, "cache option ", key, "=", it->second,
+               " is outside [", range.lo, ", ", range.hi, "]");
   return v;
 }
 
-int64_t PolicyOptions::integer(const std::string& key, int64_t def) {
-  const double v = num(key, static_cast<double>(def));
-  FLOWKV_CHECK(v == static_cast<double>(static_cast<int64_t>(v)), "cache option ", key,
-               " must be an integer");
+int64_t PolicyOptions::integer(const std::string& key, int64_t def, KnobRange range) {
+  const double v = num(key, static_cast<double>(def), range);
+  FLOWKV_CHECK(v == std::floor(v), "cache option ", key, " must be an integer");
   return static_cast<int64_t>(v);
 }
 
@@ -69,11 +79,9 @@ std::vector<double> PolicyOptions::list(const std::string& key, const std::vecto
   std::stringstream in(it->second);
   std::string item;
   while (std::getline(in, item, '/')) {  // '/' separates values: ',' separates options
-    char* end = nullptr;
-    out.push_back(std::strtod(item.c_str(), &end));
-    FLOWKV_CHECK(!item.empty() && *end == 0, "cache option ", key, ": '", item,
-                 "' is not a number");
+    out.push_back(parse_knob(key, item));
   }
+  FLOWKV_CHECK(out.size() <= 100000, "cache option ", key, " lists too many values");
   return out;
 }
 

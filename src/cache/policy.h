@@ -14,11 +14,25 @@
 namespace flowkv::cache {
 
 // "name:key=value,key=value" parsed; typed getters check ranges and report unknown keys.
+// The values a knob may take. Every number is finite; NaN and infinity are refused.
+struct KnobRange {
+  double lo, hi;
+};
+inline constexpr double kKnobMax = 1e9;                // "no practical upper bound"
+inline constexpr KnobRange kNonNegative{0, kKnobMax};  // thresholds
+// Bounds of a timestep range (diffusers' timesteps lie in [0, 1000]; -1 or a bound past 1000
+// leaves that side open).
+inline constexpr KnobRange kTimestepBound{-1, kKnobMax};
+inline constexpr KnobRange kFraction{0, 1};
+inline constexpr KnobRange kCount{1, 100000};         // intervals, skip distances
+inline constexpr KnobRange kCountOrNone{-1, 100000};  // -1: no limit
+
 class PolicyOptions {
  public:
-  static PolicyOptions parse(const std::string& spec);  // spec after the name and ':'
-  double num(const std::string& key, double def);
-  int64_t integer(const std::string& key, int64_t def);
+  // The spec after the name and ':' ("threshold=0.1,warmup=2"); a key given twice is refused.
+  static PolicyOptions parse(const std::string& spec);
+  double num(const std::string& key, double def, KnobRange range);
+  int64_t integer(const std::string& key, int64_t def, KnobRange range);
   bool flag(const std::string& key, bool def);
   std::string str(const std::string& key, const std::string& def);
   std::vector<double> list(const std::string& key, const std::vector<double>& def);

@@ -3,6 +3,8 @@
 #include <chrono>
 #include <cstring>
 
+#include "flowkv/error.h"
+
 namespace flowkv {
 
 namespace {
@@ -19,6 +21,12 @@ ScopedOpTimer::~ScopedOpTimer() {
   totals_->seconds += now_seconds() - start_;
   totals_->flops += flops_;
   ++totals_->calls;
+}
+
+void FiniteChecker::record(std::string_view name, const Tensor& value) {
+  const int64_t bad = first_non_finite(value);
+  FLOWKV_CHECK(bad < 0, "forward: '", name, "' ", shape_str(value.shape()),
+               " is the first intermediate that holds NaN or infinity (element ", bad, ")");
 }
 
 void trace_parts(const ExecContext& ctx, std::string_view name, int64_t batch,

@@ -23,6 +23,12 @@ class Tracer {
   virtual void record(std::string_view name, const Tensor& value) = 0;
 };
 
+// A tracer that fails, naming it, at the first intermediate holding NaN or infinity.
+class FiniteChecker : public Tracer {
+ public:
+  void record(std::string_view name, const Tensor& value) override;
+};
+
 // Time and work of the heavy ops, accumulated when a forward is profiled.
 struct OpTotals {
   double seconds = 0;

@@ -2,10 +2,13 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
 
+#include "core/checked.h"
+#include "core/memory.h"
 #include "flowkv/error.h"
 
 namespace flowkv {
@@ -19,9 +22,7 @@ std::string shape_str(const Shape& s) {
 }
 
 int64_t shape_numel(const Shape& s) {
-  int64_t n = 1;
-  for (int64_t d : s) n *= d;
-  return n;
+  return checked_numel(s, "shape " + shape_str(s));
 }
 
 uint16_t f32_to_f16(float f) {
@@ -67,7 +68,11 @@ std::shared_ptr<void> aligned_block(int64_t bytes) {
 }  // namespace
 
 Tensor Tensor::empty(Shape shape, DType dtype) {
-  for (int64_t d : shape) FLOWKV_CHECK(d >= 0, "negative dimension in shape ", shape_str(shape));
+  const int64_t bytes = checked_mul(checked_numel(shape, "shape " + shape_str(shape)),
+                                    dtype_size(dtype), "bytes of shape " + shape_str(shape));
+  // The one place every tensor is allocated: none larger than the memory budget (small ones
+  // skip the check, which reads /proc/meminfo).
+  if (bytes >= (int64_t{64} << 20)) check_memory(bytes, "a tensor of shape " + shape_str(shape));
   Tensor t;
   t.dtype_ = dtype;
   t.shape_ = std::move(shape);
@@ -146,6 +151,37 @@ Tensor Tensor::clone() const {
   Tensor out = empty(shape_, dtype_);
   std::memcpy(out.data_, data_, static_cast<size_t>(nbytes()));
   return out;
+}
+
+namespace {
+// A float is not finite when its exponent bits are all ones. Blocks are reduced without an
+// early exit (so the loop vectorises); only a block that has one is searched.
+template <class Bits>
+int64_t first_all_ones(const Bits* p, int64_t n, Bits exponent) {
+  constexpr int64_t kBlock = 4096;
+  for (int64_t b = 0; b < n; b += kBlock) {
+    const int64_t e = std::min(n, b + kBlock);
+    bool any = false;
+    for (int64_t i = b; i < e; ++i) any |= (p[i] & exponent) == exponent;
+    if (!any) continue;
+    for (int64_t i = b; i < e; ++i) {
+      if ((p[i] & exponent) == exponent) return i;
+    }
+  }
+  return -1;
+}
+}  // namespace
+
+int64_t first_non_finite(const Tensor& t) {
+  switch (t.dtype()) {
+    case DType::kF32:
+      return first_all_ones(static_cast<const uint32_t*>(t.raw()), t.numel(), 0x7f800000u);
+    case DType::kBF16:
+      return first_all_ones(static_cast<const uint16_t*>(t.raw()), t.numel(), uint16_t{0x7f80});
+    case DType::kF16:
+      return first_all_ones(static_cast<const uint16_t*>(t.raw()), t.numel(), uint16_t{0x7c00});
+  }
+  return -1;
 }
 
 }  // namespace flowkv

@@ -1,5 +1,6 @@
 #include "cost/cost_model.h"
 
+#include "core/checked.h"
 #include "flowkv/error.h"
 
 namespace flowkv::cost {
@@ -54,6 +55,19 @@ double predicted_speedup(double uncached_step, double cached_step, int steps) {
 
 int64_t kv_payload_bytes(const ModelShape& m, int64_t cached_tokens, int branches) {
   return 2 * m.layers * cached_tokens * m.width * m.kv_bytes_per_element * branches;
+}
+
+}  // namespace flowkv::cost
+
+namespace flowkv::cost {
+
+int64_t activation_bytes(const ModelShape& m, int64_t batch, int64_t tokens) {
+  const int64_t per_token =
+      checked_add(checked_mul(8, m.width, "activation width"),
+                  checked_mul(3, m.mlp_hidden, "activation width"), "activation width");
+  return checked_mul(
+      checked_mul(checked_mul(batch, tokens, "activation rows"), per_token, "activation elements"),
+      8, "activation bytes");
 }
 
 }  // namespace flowkv::cost

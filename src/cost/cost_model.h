@@ -53,3 +53,13 @@ double predicted_speedup(double uncached_step, double cached_step, int steps);
 int64_t kv_payload_bytes(const ModelShape& m, int64_t cached_tokens, int branches = 1);
 
 }  // namespace flowkv::cost
+
+namespace flowkv::cost {
+
+// Activation bytes of one forward over `tokens` tokens of `batch` sequences: the residual
+// stream, the modulated input, q/k/v and the attention output (8 d) and the MLP's hidden
+// activations (3 F) per token, f32, doubled for the temporaries around them. An upper bound
+// used to refuse a request before it allocates, not a measurement.
+int64_t activation_bytes(const ModelShape& m, int64_t batch, int64_t tokens);
+
+}  // namespace flowkv::cost

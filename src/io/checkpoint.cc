@@ -6,7 +6,12 @@
 #include <fstream>
 #include <set>
 
+#include "core/boundary.h"
+#include "core/checked.h"
+#include "core/memory.h"
 #include "flowkv/error.h"
+#include "io/atomic_file.h"
+#include "io/mapped_file.h"
 
 namespace flowkv {
 
@@ -55,7 +60,7 @@ void scan_sharded(CheckpointScan& scan, const fs::path& dir, bool lenient) {
   std::sort(shard_order.begin(), shard_order.end());
   std::vector<std::string> missing_files;
   for (const std::string& f : shard_order) {
-    if (!fs::exists(dir / f)) missing_files.push_back(f);
+    if (!path_exists((dir / f).string())) missing_files.push_back(f);
   }
   if (!missing_files.empty()) {
     std::vector<std::string> lines;
@@ -64,12 +69,13 @@ void scan_sharded(CheckpointScan& scan, const fs::path& dir, bool lenient) {
     for (const auto& l : lines) scan.problems.push_back(index_path + ": " + l);
   }
   for (const std::string& f : shard_order) {
-    if (fs::exists(dir / f)) add_file(scan, (dir / f).string(), lenient);
+    if (path_exists((dir / f).string())) add_file(scan, (dir / f).string(), lenient);
   }
   std::vector<std::string> lines;
   for (const auto& [name, file] : weight_map) {
     auto it = scan.tensors.find(name);
-    if (it == scan.tensors.end() && !fs::exists(dir / file)) continue;  // reported above
+    if (it == scan.tensors.end() && !path_exists((dir / file).string()))
+      continue;  // reported above
     if (it == scan.tensors.end()) {
       lines.push_back("'" + name + "' is listed in the index (in " + file +
                       ") but no shard holds it");
@@ -92,24 +98,25 @@ void scan_sharded(CheckpointScan& scan, const fs::path& dir, bool lenient) {
 
 }  // namespace
 
-CheckpointScan scan_checkpoint(const std::string& path_in, bool lenient) {
+static CheckpointScan scan_checkpoint_unguarded(const std::string& path_in, bool lenient) {
   fs::path path(path_in);
-  FLOWKV_CHECK(fs::exists(path), path_in, ": no such file or folder");
+  FLOWKV_CHECK(path_exists(path_in), path_in, ": no such file or folder");
   CheckpointScan scan;
-  if (fs::is_regular_file(path)) {
+  if (path_kind(path_in) == PathKind::kFile) {
     scan.path = path.string();
     scan.single_file = true;
     add_file(scan, path.string(), lenient);
     return scan;
   }
-  FLOWKV_CHECK(fs::is_directory(path), path_in, ": not a file or folder");
+  FLOWKV_CHECK(path_kind(path_in) == PathKind::kFolder, path_in, ": not a file or folder");
   // A pipeline folder: its transformer lives in transformer/.
-  if (!fs::exists(path / "config.json") && fs::exists(path / "transformer" / "config.json")) {
+  if (!path_exists((path / "config.json").string()) &&
+      path_exists((path / "transformer" / "config.json").string())) {
     path /= "transformer";
   }
   scan.path = path.string();
   const fs::path config = path / "config.json";
-  FLOWKV_CHECK(fs::exists(config), path.string(),
+  FLOWKV_CHECK(path_exists(config.string()), path.string(),
                ": no config.json (expected a diffusers transformer folder, a pipeline folder "
                "with transformer/, or a single .safetensors file)");
   try {
@@ -120,14 +127,14 @@ CheckpointScan scan_checkpoint(const std::string& path_in, bool lenient) {
     scan.config.reset();
     scan.problems.push_back(e.what());
   }
-  if (fs::exists(path / kIndex)) {
+  if (path_exists((path / kIndex).string())) {
     try {
       scan_sharded(scan, path, lenient);
     } catch (const Error& e) {
       if (!lenient) throw;
       scan.problems.push_back(e.what());
     }
-  } else if (fs::exists(path / kSingle)) {
+  } else if (path_exists((path / kSingle).string())) {
     add_file(scan, (path / kSingle).string(), lenient);
   } else {
     const std::string msg = path.string() + ": no " + kSingle + " and no " + kIndex;
@@ -135,6 +142,10 @@ CheckpointScan scan_checkpoint(const std::string& path_in, bool lenient) {
     scan.problems.push_back(msg);
   }
   return scan;
+}
+
+CheckpointScan scan_checkpoint(const std::string& path_in, bool lenient) {
+  return at_input_boundary(path_in, [&] { return scan_checkpoint_unguarded(path_in, lenient); });
 }
 
 std::vector<std::string> check_against_table(const std::map<std::string, TensorInfo>& tensors,
@@ -166,6 +177,15 @@ std::vector<std::string> check_against_table(const std::map<std::string, TensorI
   return all;
 }
 
+void check_weights_fit(const std::vector<ExpectedTensor>& table, const std::string& what) {
+  int64_t elements = 0;
+  for (const ExpectedTensor& e : table) {
+    elements = checked_add(elements, checked_numel(e.shape, e.name), "weights of " + what);
+  }
+  check_memory(checked_mul(elements, 4, "weight bytes of " + what), "loading " + what,
+               "free memory, set a larger budget, or use a smaller model");
+}
+
 std::string format_problems(const std::string& headline, const std::vector<std::string>& lines,
                             size_t max_lines) {
   std::string out = headline + " (" + std::to_string(lines.size()) + " problem" +
@@ -195,30 +215,52 @@ void write_diffusers_folder(const std::string& dir, const Json& config,
     size += b;
   }
   const fs::path root(dir);
+  // Shard files of an older export ("diffusion_pytorch_model-00001-of-00003.safetensors").
+  auto old_shards = [&] {
+    const std::string prefix = "diffusion_pytorch_model-", suffix = ".safetensors";
+    std::vector<std::string> found;
+    for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+      const std::string n = it->path().filename().string();
+      if (n.size() > prefix.size() + suffix.size() && n.rfind(prefix, 0) == 0 &&
+          n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0 &&
+          n.find("-of-") != std::string::npos) {
+        found.push_back(n);
+      }
+    }
+    FLOWKV_CHECK(!ec, "cannot list ", dir, ": ", ec.message());
+    return found;
+  };
+  // Every file is written atomically (io/atomic_file.h). The new weights go in first; then
+  // whatever of an older export would shadow or mix with them is removed: the loader prefers
+  // an index over the single file, and stale shards would be read by a stale index.
   if (shards.size() == 1) {
     write_safetensors((root / kSingle).string(), shards[0], {{"format", "pt"}});
+    remove_file_durably((root / kIndex).string());
+    for (const std::string& n : old_shards()) remove_file_durably((root / n).string());
   } else {
     Json index;
     int64_t total = 0;
     index["weight_map"] = Json::object();
+    std::set<std::string> written;
     for (size_t i = 0; i < shards.size(); ++i) {
       char name[96];
       std::snprintf(name, sizeof name, "diffusion_pytorch_model-%05zu-of-%05zu.safetensors", i + 1,
                     shards.size());
       write_safetensors((root / name).string(), shards[i], {{"format", "pt"}});
+      written.insert(name);
       for (const TensorToWrite& t : shards[i]) {
         index["weight_map"][t.name] = name;
         total += shape_numel(t.shape) * dtype_size(t.dtype);
       }
     }
     index["metadata"] = {{"total_size", total}};
-    const std::string tmp = (root / kIndex).string() + ".tmp-flowkv";
-    std::ofstream(tmp) << index.dump(2);
-    fs::rename(tmp, root / kIndex);
+    write_file_atomic((root / kIndex).string(), index.dump(2));
+    remove_file_durably((root / kSingle).string());
+    for (const std::string& n : old_shards()) {
+      if (!written.count(n)) remove_file_durably((root / n).string());
+    }
   }
-  const std::string tmp = (root / "config.json").string() + ".tmp-flowkv";
-  std::ofstream(tmp) << config.dump(2);
-  fs::rename(tmp, root / "config.json");
+  write_file_atomic((root / "config.json").string(), config.dump(2));
 }
 
 CheckpointReader::CheckpointReader(const CheckpointScan& scan) {
@@ -231,7 +273,13 @@ CheckpointReader::CheckpointReader(const CheckpointScan& scan) {
 Tensor CheckpointReader::get(const std::string& name) const {
   auto it = index_.find(name);
   FLOWKV_CHECK(it != index_.end(), "checkpoint has no tensor '", name, "'");
-  return files_[it->second.first].view(it->second.second);
+  const TensorInfo& info = it->second.second;
+  Tensor t = files_[it->second.first].view(info);
+  // Weights enter here: a NaN or infinity would silently poison every output.
+  const int64_t bad = first_non_finite(t);
+  FLOWKV_CHECK(bad < 0, info.file, ": tensor '", info.name, "' holds NaN or infinity at element ",
+               bad, "; the checkpoint is corrupt or was saved after training diverged");
+  return t;
 }
 
 }  // namespace flowkv

@@ -41,6 +41,10 @@ struct ExpectedTensor {
   Shape shape;
 };
 
+// Packed weights take 4 bytes per element (f32 packing). Checks the table's total against the
+// memory budget before anything is packed; `what` names the model in the error.
+void check_weights_fit(const std::vector<ExpectedTensor>& table, const std::string& what);
+
 // Compares the files with the table. Returns one line per problem (missing, unexpected,
 // wrong shape, non-float dtype); empty when everything matches.
 std::vector<std::string> check_against_table(const std::map<std::string, TensorInfo>& tensors,

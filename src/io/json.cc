@@ -1,5 +1,8 @@
 #include "io/json.h"
 
+#include <cmath>
+
+#include "core/checked.h"
 #include "flowkv/error.h"
 #include "io/mapped_file.h"
 
@@ -8,14 +11,71 @@ namespace flowkv {
 Json parse_json(const std::string& text, const std::string& what) {
   try {
     return Json::parse(text);
-  } catch (const Json::parse_error& e) {
-    // nlohmann's message already says "ill-formed UTF-8" or "syntax error ... at line L".
+  } catch (const Json::exception& e) {
+    // nlohmann's message already says "ill-formed UTF-8", "syntax error ... at line L" or
+    // "number overflow parsing '1e400'".
     fail(what, " is not valid JSON: ", e.what());
   }
 }
 
 Json read_json_file(const std::string& path) {
   return parse_json(read_text_file(path), path);
+}
+
+namespace {
+[[noreturn]] void out_of_range(const std::string& where, const std::string& got, int64_t lo,
+                               int64_t hi) {
+  if (lo == 0 && !got.empty() && got[0] == '-') {
+    fail(where, " must be a non-negative integer, got ", got);
+  }
+  fail(where, " must be an integer in [", lo, ", ", hi, "], got ", got);
+}
+}  // namespace
+
+int64_t json_int_value(const Json& v, int64_t lo, int64_t hi, const std::string& where) {
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    if (u > static_cast<uint64_t>(INT64_MAX) || static_cast<int64_t>(u) < lo ||
+        static_cast<int64_t>(u) > hi) {
+      out_of_range(where, v.dump(), lo, hi);
+    }
+    return static_cast<int64_t>(u);
+  }
+  if (v.is_number_integer()) {
+    const int64_t i = v.get<int64_t>();
+    if (i < lo || i > hi) out_of_range(where, v.dump(), lo, hi);
+    return i;
+  }
+  const double d = v.is_number_float() ? v.get<double>() : 0.5;
+  // 2^63 is the first double outside int64: compare below it before any cast.
+  if (!(d == std::floor(d) && d >= static_cast<double>(lo) && d < 9223372036854775808.0 &&
+        static_cast<int64_t>(d) <= hi)) {
+    out_of_range(where, v.dump(), lo, hi);
+  }
+  return static_cast<int64_t>(d);
+}
+
+int64_t json_int(const Json& j, const char* key, int64_t def, int64_t lo, int64_t hi,
+                 const std::string& src) {
+  if (!j.contains(key) || j[key].is_null()) return def;
+  return json_int_value(j[key], lo, hi, src + ": field \"" + key + "\"");
+}
+
+double json_number(const Json& j, const char* key, double def, double lo, double hi,
+                   const std::string& src) {
+  if (!j.contains(key) || j[key].is_null()) return def;
+  const Json& v = j[key];
+  FLOWKV_CHECK(v.is_number(), src, ": field \"", key, "\" must be a number, got ", v.dump());
+  const double d = v.get<double>();
+  FLOWKV_CHECK(std::isfinite(d) && d >= lo && d <= hi, src, ": field \"", key, "\" is ", d,
+               ", outside [", lo, ", ", hi, "]");
+  return d;
+}
+
+bool json_bool(const Json& j, const char* key, bool def, const std::string& src) {
+  if (!j.contains(key) || j[key].is_null()) return def;
+  FLOWKV_CHECK(j[key].is_boolean(), src, ": field \"", key, "\" must be true or false");
+  return j[key].get<bool>();
 }
 
 }  // namespace flowkv

@@ -5,37 +5,71 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include "flowkv/error.h"
+#include "flowkv/limits.h"
 
 namespace flowkv {
 
-std::shared_ptr<MappedFile> MappedFile::open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail("cannot open ", path, ": ", std::strerror(errno));
-  struct stat st {};
-  if (fstat(fd, &st) != 0) {
-    const int e = errno;
-    ::close(fd);
-    fail("cannot stat ", path, ": ", std::strerror(e));
-  }
-  std::shared_ptr<MappedFile> f(new MappedFile());
-  f->path_ = path;
-  f->size_ = st.st_size;
-  if (st.st_size > 0) {
-    void* p = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
-    if (p == MAP_FAILED) {
+namespace {
+
+// Opens a regular file for reading. O_NONBLOCK keeps open() from hanging on a FIFO; the
+// S_ISREG check then refuses FIFOs, devices (/dev/zero) and folders before anything is read.
+struct RegularFile {
+  int fd = -1;
+  int64_t size = 0;
+  explicit RegularFile(const std::string& path) {
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) fail("cannot open ", path, ": ", std::strerror(errno));
+    struct stat st {};
+    if (fstat(fd, &st) != 0) {
       const int e = errno;
       ::close(fd);
-      fail("cannot map ", path, ": ", std::strerror(e));
+      fail("cannot stat ", path, ": ", std::strerror(e));
     }
+    if (!S_ISREG(st.st_mode)) {
+      ::close(fd);
+      fail(path, ": not a regular file (a folder, device, FIFO or socket); give a file");
+    }
+    size = st.st_size;
+  }
+  ~RegularFile() {
+    if (fd >= 0) ::close(fd);
+  }
+  RegularFile(const RegularFile&) = delete;
+  RegularFile& operator=(const RegularFile&) = delete;
+
+  // Reads up to n bytes from the start.
+  std::string read_prefix(const std::string& path, int64_t n) const {
+    std::string buf(static_cast<size_t>(std::min(n, size)), '\0');
+    size_t got = 0;
+    while (got < buf.size()) {
+      const ssize_t r = ::pread(fd, buf.data() + got, buf.size() - got, static_cast<off_t>(got));
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) fail("cannot read ", path, ": ", std::strerror(errno));
+      if (r == 0) break;  // the file shrank while we read it
+      got += static_cast<size_t>(r);
+    }
+    buf.resize(got);
+    return buf;
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<MappedFile> MappedFile::open(const std::string& path) {
+  const RegularFile file(path);
+  std::shared_ptr<MappedFile> f(new MappedFile());
+  f->path_ = path;
+  f->size_ = file.size;
+  if (file.size > 0) {
+    void* p = mmap(nullptr, static_cast<size_t>(file.size), PROT_READ, MAP_PRIVATE, file.fd, 0);
+    if (p == MAP_FAILED) fail("cannot map ", path, ": ", std::strerror(errno));
     f->data_ = static_cast<const std::byte*>(p);
   }
-  ::close(fd);
   return f;
 }
 
@@ -44,26 +78,29 @@ MappedFile::~MappedFile() {
 }
 
 std::string read_file_prefix(const std::string& path, int64_t n) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("cannot open ", path, ": ", std::strerror(errno));
-  std::string buf(static_cast<size_t>(n), '\0');
-  in.read(buf.data(), n);
-  buf.resize(static_cast<size_t>(in.gcount()));
-  return buf;
+  return RegularFile(path).read_prefix(path, n);
 }
 
 std::string read_text_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("cannot open ", path, ": ", std::strerror(errno));
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
+  const RegularFile file(path);
+  FLOWKV_CHECK(file.size <= limits::kMaxJsonFileBytes, path, ": ", file.size,
+               " bytes is larger than the ", limits::kMaxJsonFileBytes,
+               "-byte limit for a text file flowkv reads whole");
+  return file.read_prefix(path, file.size);
+}
+
+PathKind path_kind(const std::string& path) {
+  struct stat st {};
+  if (stat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT || errno == ENOTDIR) return PathKind::kNone;
+    fail(path, ": ", std::strerror(errno));
+  }
+  if (S_ISREG(st.st_mode)) return PathKind::kFile;
+  return S_ISDIR(st.st_mode) ? PathKind::kFolder : PathKind::kOther;
 }
 
 int64_t file_size(const std::string& path) {
-  struct stat st {};
-  if (stat(path.c_str(), &st) != 0) fail("cannot stat ", path, ": ", std::strerror(errno));
-  return st.st_size;
+  return RegularFile(path).size;
 }
 
 }  // namespace flowkv

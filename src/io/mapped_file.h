@@ -32,4 +32,12 @@ std::string read_file_prefix(const std::string& path, int64_t n);
 std::string read_text_file(const std::string& path);
 int64_t file_size(const std::string& path);
 
+// What a path is, without exceptions other than flowkv::Error: a path that cannot be examined
+// (a symlink loop, no permission) is an Error naming it; only "does not exist" is kNone.
+enum class PathKind { kNone, kFile, kFolder, kOther };
+PathKind path_kind(const std::string& path);
+inline bool path_exists(const std::string& path) {
+  return path_kind(path) != PathKind::kNone;
+}
+
 }  // namespace flowkv

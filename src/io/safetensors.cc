@@ -9,7 +9,11 @@
 #include <cstring>
 #include <filesystem>
 
+#include "core/boundary.h"
+#include "core/checked.h"
 #include "flowkv/error.h"
+#include "flowkv/limits.h"
+#include "io/atomic_file.h"
 #include "io/json.h"
 
 namespace flowkv {
@@ -61,32 +65,24 @@ TensorInfo parse_entry(const std::string& path, const std::string& name, const J
   t.dtype_known = parse_dtype(t.dtype_name, &t.dtype);
   const int64_t elem = known_element_size(t.dtype_name);
   FLOWKV_CHECK(elem > 0, where, ": unknown dtype '", t.dtype_name, "'");
-  int64_t numel = 1;
-  for (const Json& d : e["shape"]) {
-    FLOWKV_CHECK(d.is_number_unsigned() || (d.is_number_integer() && d.get<int64_t>() >= 0), where,
-                 ": shape entries must be non-negative integers");
-    const int64_t v = d.get<int64_t>();
-    FLOWKV_CHECK(v == 0 || numel <= (INT64_MAX / 16) / v, where, ": shape is too large");
-    numel *= v;
-    t.shape.push_back(v);
-  }
-  for (const Json& o : e["data_offsets"]) {
-    FLOWKV_CHECK(o.is_number_unsigned() || (o.is_number_integer() && o.get<int64_t>() >= 0), where,
-                 ": data_offsets must be non-negative integers");
-  }
-  t.begin = e["data_offsets"][0].get<int64_t>();
-  t.end = e["data_offsets"][1].get<int64_t>();
+  // Every size is a signed 64-bit value checked on the way in: offsets above 2^63 would turn
+  // negative and point before the data section.
+  for (const Json& d : e["shape"])
+    t.shape.push_back(json_int_value(d, 0, INT64_MAX, where + ": every shape entry"));
+  const int64_t bytes =
+      checked_mul(checked_numel(t.shape, where + " shape"), elem, where + " bytes");
+  t.begin = json_int_value(e["data_offsets"][0], 0, INT64_MAX, where + ": data_offsets[0]");
+  t.end = json_int_value(e["data_offsets"][1], 0, INT64_MAX, where + ": data_offsets[1]");
   FLOWKV_CHECK(t.begin <= t.end, where, ": data_offsets begin ", t.begin, " is after end ", t.end);
-  FLOWKV_CHECK(t.end - t.begin == numel * elem, where, ": data_offsets span ", t.end - t.begin,
-               " bytes but shape ", shape_str(t.shape), " of ", t.dtype_name, " needs ",
-               numel * elem);
+  FLOWKV_CHECK(t.end - t.begin == bytes, where, ": data_offsets span ", t.end - t.begin,
+               " bytes but shape ", shape_str(t.shape), " of ", t.dtype_name, " needs ", bytes);
   return t;
 }
 
 }  // namespace
 
-SafetensorsHeader parse_safetensors_header(const std::string& path, const std::string& prefix,
-                                           int64_t file_size) {
+static SafetensorsHeader parse_header_unguarded(const std::string& path, const std::string& prefix,
+                                                int64_t file_size) {
   FLOWKV_CHECK(file_size >= 8, path, ": truncated: ", file_size,
                " bytes is too short for a safetensors file (8-byte header length missing)");
   FLOWKV_CHECK(prefix.size() >= 8, path, ": truncated header");
@@ -102,6 +98,8 @@ SafetensorsHeader parse_safetensors_header(const std::string& path, const std::s
   h.data_start = 8 + n;
   const Json j = parse_json(prefix.substr(8, static_cast<size_t>(n)), path + " header");
   FLOWKV_CHECK(j.is_object(), path, ": header is not a JSON object");
+  FLOWKV_CHECK(static_cast<int64_t>(j.size()) <= limits::kMaxTensors, path, ": header lists ",
+               j.size(), " tensors, more than the limit of ", limits::kMaxTensors);
   for (auto it = j.begin(); it != j.end(); ++it) {
     if (it.key() == "__metadata__") {
       FLOWKV_CHECK(it.value().is_object(), path, ": __metadata__ is not an object");
@@ -128,6 +126,11 @@ SafetensorsHeader parse_safetensors_header(const std::string& path, const std::s
     }
   }
   return h;
+}
+
+SafetensorsHeader parse_safetensors_header(const std::string& path, const std::string& prefix,
+                                           int64_t file_size) {
+  return at_input_boundary(path, [&] { return parse_header_unguarded(path, prefix, file_size); });
 }
 
 SafetensorsHeader read_safetensors_header(const std::string& path) {
@@ -181,50 +184,22 @@ void write_safetensors(const std::string& path, const std::vector<TensorToWrite>
   }
   std::string text = header.dump();
   text.append((8 - (text.size() % 8)) % 8, ' ');  // keep the data section 8-byte aligned
-  const std::string tmp = path + ".tmp-flowkv";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) fail("cannot create ", tmp, ": ", std::strerror(errno));
-  auto write_all = [&](const void* p, size_t n) {
-    const char* c = static_cast<const char*>(p);
-    while (n > 0) {
-      const ssize_t w = ::write(fd, c, n);
-      if (w < 0) {
-        const int e = errno;
-        ::close(fd);
-        std::remove(tmp.c_str());
-        fail("cannot write ", tmp, ": ", std::strerror(e));
-      }
-      c += w;
-      n -= static_cast<size_t>(w);
-    }
-  };
+  // A temporary file in the same folder, every write checked, fsynced, renamed into place.
+  AtomicFile f(path);
   uint8_t len[8];
-  uint64_t n = text.size();
+  const uint64_t n = text.size();
   for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(n >> (8 * i));
-  write_all(len, 8);
-  write_all(text.data(), text.size());
-  const int64_t data_start = 8 + static_cast<int64_t>(text.size());
+  f.write(len, 8);
+  f.write(text);
   for (const TensorToWrite& t : tensors) {
     const int64_t bytes = shape_numel(t.shape) * dtype_size(t.dtype);
     if (t.data) {
-      write_all(t.data, static_cast<size_t>(bytes));
-    } else if (lseek(fd, bytes, SEEK_CUR) < 0) {
-      const int e = errno;
-      ::close(fd);
-      std::remove(tmp.c_str());
-      fail("cannot seek in ", tmp, ": ", std::strerror(e));
+      f.write(t.data, static_cast<size_t>(bytes));
+    } else {
+      f.skip(bytes);  // a hole: the file stays sparse
     }
   }
-  if (ftruncate(fd, data_start + offset) != 0 || ::close(fd) != 0) {
-    std::remove(tmp.c_str());
-    fail("cannot finish ", tmp, ": ", std::strerror(errno));
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::remove(tmp.c_str());
-    fail("cannot rename ", tmp, " to ", path, ": ", ec.message());
-  }
+  f.commit();
 }
 
 }  // namespace flowkv

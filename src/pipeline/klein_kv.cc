@@ -4,8 +4,10 @@
 #include <cstring>
 #include <memory>
 
+#include "core/checked.h"
 #include "flowkv/error.h"
 #include "models/flux2/layout.h"
+#include "pipeline/request_limits.h"
 #include "pipeline/step_caches.h"
 
 namespace flowkv::pipeline {
@@ -46,23 +48,7 @@ CachePlan plan_of(const KleinKVRequest& r) {
   return plan_cache(l, r.mode == RefMode::kCached, r.text_kv_approx, require);
 }
 
-void validate(const flux2::Model& m, const KleinKVRequest& r) {
-  FLOWKV_CHECK(r.batch > 0 && r.text && r.text_tokens > 0 && r.noise,
-               "denoise: text and noise are required");
-  FLOWKV_CHECK(r.height > 0 && r.width > 0, "denoise: the target grid must be positive");
-  FLOWKV_CHECK(r.steps >= 1, "denoise: at least one step, got ", r.steps);
-  FLOWKV_CHECK(r.sigmas.empty() || static_cast<int>(r.sigmas.size()) == r.steps,
-               "denoise: ", r.sigmas.size(), " sigmas for ", r.steps, " steps");
-  for (size_t i = 0; i < r.refs.size(); ++i) {
-    FLOWKV_CHECK(r.refs[i].latents && r.refs[i].height > 0 && r.refs[i].width > 0,
-                 "denoise: reference ", i + 1, " has no latents or an empty grid");
-  }
-  (void)m;
-}
-
-}  // namespace
-
-int64_t planned_kv_bytes(const flux2::Model& m, const KleinKVRequest& r) {
+int64_t planned_kv_bytes_unchecked(const flux2::Model& m, const KleinKVRequest& r) {
   const CachePlan plan = plan_of(r);
   const TokenLayout l = layout_of(r);
   int64_t tokens = 0;
@@ -72,13 +58,44 @@ int64_t planned_kv_bytes(const flux2::Model& m, const KleinKVRequest& r) {
   return KVMemory::payload_bytes(m.kv_layers(), r.batch, tokens, m.kv_width(), m.kv_dtype());
 }
 
+// The request's sizes, its limits and its predicted memory, before anything is allocated.
+void validate(const flux2::Model& m, const KleinKVRequest& r) {
+  FLOWKV_CHECK(r.batch > 0 && r.text && r.text_tokens > 0 && r.noise,
+               "denoise: text and noise are required");
+  FLOWKV_CHECK(r.height > 0 && r.width > 0, "denoise: the target grid must be positive");
+  FLOWKV_CHECK(r.steps >= 1, "denoise: at least one step, got ", r.steps);
+  FLOWKV_CHECK(r.sigmas.empty() || static_cast<int>(r.sigmas.size()) == r.steps,
+               "denoise: ", r.sigmas.size(), " sigmas for ", r.steps, " steps");
+  int64_t tokens = checked_add(r.text_tokens, grid_tokens(r.height, r.width, "the target grid"),
+                               "sequence tokens");
+  for (size_t i = 0; i < r.refs.size(); ++i) {
+    FLOWKV_CHECK(r.refs[i].latents, "denoise: reference ", i + 1, " has no latents");
+    tokens = checked_add(tokens, grid_tokens(r.refs[i].height, r.refs[i].width, "a reference grid"),
+                         "sequence tokens");
+  }
+  RequestSize size{.batch = r.batch,
+                   .steps = r.steps,
+                   .images = static_cast<int64_t>(r.refs.size()),
+                   .tokens = tokens};
+  check_request_limits(size);
+  size.kv_bytes = planned_kv_bytes_unchecked(m, r);
+  check_request_memory(flux2::cost_shape(m.config(), dtype_size(m.kv_dtype())), size);
+}
+
+}  // namespace
+
+int64_t planned_kv_bytes(const flux2::Model& m, const KleinKVRequest& r) {
+  validate(m, r);
+  return planned_kv_bytes_unchecked(m, r);
+}
+
 KleinKVResult run_klein_kv(const ExecContext& ctx, const flux2::Model& m, const KleinKVRequest& r) {
   const double t_start = now();
   validate(m, r);
   const flux2::Config& c = m.config();
   KleinKVResult res;
   res.plan = plan_of(r);
-  const int64_t need = planned_kv_bytes(m, r);
+  const int64_t need = planned_kv_bytes_unchecked(m, r);
   if (r.kv_budget_bytes >= 0 && need > r.kv_budget_bytes) {
     fail("the KV cache needs ", need, " bytes (", static_cast<double>(need) / (1 << 30),
          " GiB) but the budget is ", r.kv_budget_bytes, " bytes (",

@@ -1,10 +1,13 @@
 #include "pipeline/qwen21.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <memory>
 
+#include "core/checked.h"
 #include "flowkv/error.h"
+#include "pipeline/request_limits.h"
 #include "pipeline/step_caches.h"
 
 namespace flowkv::pipeline {
@@ -85,23 +88,49 @@ void fill_branch(Branch& br, const qwen::Model21& m, const Qwen21Request& r,
   }
 }
 
-}  // namespace
-
-int64_t planned_kv_bytes(const qwen::Model21& m, const Qwen21Request& r) {
+int64_t planned_kv_bytes_unchecked(const qwen::Model21& m, const Qwen21Request& r) {
   if (!r.use_cache || !m.config().causal_condition) return 0;
   int64_t tokens = prefix_tokens(r.prompt, r);
   if (has_cfg(r)) tokens += prefix_tokens(r.negative, r);  // one cache per branch
   return KVMemory::payload_bytes(m.kv_layers(), r.batch, tokens, m.kv_width(), m.kv_dtype());
 }
 
+// The request's sizes, its limits and its predicted memory, before anything is allocated.
+void validate(const qwen::Model21& m, const Qwen21Request& r) {
+  FLOWKV_CHECK(r.batch > 0 && r.prompt.text && r.noise, "denoise: prompt and noise are required");
+  FLOWKV_CHECK(!r.sigmas.empty() || r.steps >= 1, "denoise: at least one step, got ", r.steps);
+  // Text rows, condition-image tokens and the target: at least the sequence's length.
+  int64_t tokens =
+      checked_add(std::max(r.prompt.len, r.negative.text ? r.negative.len : 0),
+                  grid_tokens(r.target.h, r.target.w, "the target grid"), "sequence tokens");
+  for (const qwen::Grid& g : r.cond_grids) {
+    tokens =
+        checked_add(tokens, grid_tokens(g.h, g.w, "a condition-image grid"), "sequence tokens");
+  }
+  RequestSize size{.batch = has_cfg(r) && r.batch_cfg ? checked_mul(r.batch, 2, "batch") : r.batch,
+                   .steps = r.sigmas.empty() ? r.steps : static_cast<int64_t>(r.sigmas.size()),
+                   .images = static_cast<int64_t>(r.cond_grids.size()),
+                   .tokens = tokens};
+  check_request_limits(size);
+  size.kv_bytes = planned_kv_bytes_unchecked(m, r);
+  const auto& c = m.config();
+  check_request_memory({c.dim(), c.num_layers, c.mlp_hidden(), dtype_size(m.kv_dtype())}, size);
+}
+
+}  // namespace
+
+int64_t planned_kv_bytes(const qwen::Model21& m, const Qwen21Request& r) {
+  validate(m, r);
+  return planned_kv_bytes_unchecked(m, r);
+}
+
 Qwen21Result run_qwen21(const ExecContext& ctx, const qwen::Model21& m, const Qwen21Request& r) {
   const double t_start = now();
   const auto& c = m.config();
-  FLOWKV_CHECK(r.batch > 0 && r.prompt.text && r.noise, "denoise: prompt and noise are required");
-  FLOWKV_CHECK(r.sigmas.empty() || r.steps >= 1, "denoise: bad step count");
+  validate(m, r);
   Qwen21Result res;
   res.cfg = has_cfg(r);
-  const int64_t need = planned_kv_bytes(m, r);
+  const int64_t need = planned_kv_bytes_unchecked(m, r);
   if (r.kv_budget_bytes >= 0 && need > r.kv_budget_bytes) {
     fail("the prefix KV cache needs ", need, " bytes (", static_cast<double>(need) / (1 << 30),
          " GiB", res.cfg ? ", one cache per CFG branch" : "", ") but the budget is ",

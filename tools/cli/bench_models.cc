@@ -13,10 +13,6 @@ namespace flowkv::cli {
 
 namespace {
 
-std::pair<int64_t, int64_t> parse_grid(const std::string& s, const char* what) {
-  return parse_dims(s, what, "16x16 (latent tokens, height x width)");
-}
-
 Tensor random_tensor(Shape shape, uint64_t seed) {  // uniform [-1, 1), deterministic
   Tensor t = Tensor::empty(std::move(shape));
   uint64_t s = seed * 0x9e3779b97f4a7c15ull + 0x632be59bd9b4e019ull;

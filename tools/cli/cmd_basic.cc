@@ -8,6 +8,7 @@
 #include "flowkv/error.h"
 #include "flowkv/flux2.h"
 #include "flowkv/inspect.h"
+#include "flowkv/limits.h"
 #include "flowkv/runtime.h"
 #include "flowkv/step_cache.h"
 #include "inputs.h"
@@ -65,12 +66,15 @@ void add_inspect(CLI::App& app) {
       "Describe a checkpoint (family, variant, parameters, bytes by dtype) and list every\n"
       "problem in its files. Reads headers only. Exit status 1 if problems were found.");
   auto* path = new std::string;
+  auto* opts = new InspectOptions;
   cmd->add_option("path", *path,
                   "diffusers transformer folder, pipeline folder, or single .safetensors file")
       ->required();
-  cmd->callback([path] {
+  cmd->add_flag("--values", opts->check_values,
+                "also read every weight and report NaN or infinity (reads the whole checkpoint)");
+  cmd->callback([path, opts] {
     std::exit(guarded([&] {
-      const InspectReport r = inspect(*path);
+      const InspectReport r = inspect(*path, *opts);
       std::cout << format_report(r);
       return r.ok() ? 0 : 1;
     }));
@@ -86,6 +90,7 @@ void add_forward(CLI::App& app) {
     std::string model, builtin = "tiny", dtype = "auto", grid = "16x16";
     int64_t text = 64;
     uint64_t seed = 0;
+    bool check_finite = false;
   };
   auto* o = new Opts;
   cmd->add_option("--model", o->model, "checkpoint to load (folder or .safetensors file)");
@@ -93,18 +98,23 @@ void add_forward(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--dtype", o->dtype, "auto, f32 or bf16")->capture_default_str();
   cmd->add_option("--grid", o->grid, "target latent grid HxW (tokens)")->capture_default_str();
-  cmd->add_option("--text-tokens", o->text, "text tokens")->capture_default_str();
+  cmd->add_option("--text-tokens", o->text, "text tokens")
+      ->check(CLI::Range(int64_t{1}, limits::kMaxTokens))
+      ->capture_default_str();
   cmd->add_option("--seed", o->seed, "seed of the built-in weights and of the inputs");
+  cmd->add_flag("--check-finite", o->check_finite,
+                "fail naming the first intermediate that holds NaN or infinity (slower)");
   cmd->callback([o] {
     std::exit(guarded([&] {
-      const auto [h, w] = parse_dims(o->grid, "--grid", "16x16 (latent tokens, height x width)");
+      const auto [h, w] = parse_grid(o->grid, "--grid");
       const auto t0 = std::chrono::steady_clock::now();
       const Flux2Transformer m =
           o->model.empty() ? Flux2Transformer::builtin(o->builtin, o->seed,
                                                        o->dtype == "auto" ? "f32" : o->dtype)
                            : Flux2Transformer::load(o->model, {o->dtype});
       const auto t1 = std::chrono::steady_clock::now();
-      const Flux2Call call = demo_call(m, h, w, o->text, o->seed);
+      Flux2Call call = demo_call(m, h, w, o->text, o->seed);
+      call.check_finite = o->check_finite;
       const Tensor out = m.forward(call);
       const auto t2 = std::chrono::steady_clock::now();
       double sum = 0, sq = 0;

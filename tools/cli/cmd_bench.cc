@@ -3,7 +3,6 @@
 // prediction, output hashes, KV bytes and peak memory.
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
@@ -12,7 +11,9 @@
 #include "bench_models.h"
 #include "commands.h"
 #include "flowkv/error.h"
+#include "flowkv/io.h"
 #include "flowkv/klein_kv.h"
+#include "flowkv/limits.h"
 #include "flowkv/predict.h"
 #include "flowkv/qwen_image.h"
 #include "flowkv/runtime.h"
@@ -195,9 +196,7 @@ void write_json(const std::string& path, const BenchModel& m, const Opts& o,
           {"psnr_db", e.psnr_db}};
     }
   }
-  const std::string tmp = path + ".tmp";
-  std::ofstream(tmp) << j.dump(2) << "\n";
-  FLOWKV_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "cannot write ", path);
+  write_file_atomic(path, j.dump(2) + "\n");  // checked, fsynced, renamed into place
 }
 
 }  // namespace
@@ -233,7 +232,9 @@ void add_bench(CLI::App& app) {
   cmd->add_option("--grid", o->grid, "target latent grid HxW (tokens)")->capture_default_str();
   cmd->add_option("--ref-grid", o->ref_grid, "each reference's latent grid HxW")
       ->capture_default_str();
-  cmd->add_option("--text-tokens", o->text, "text tokens")->capture_default_str();
+  cmd->add_option("--text-tokens", o->text, "text tokens")
+      ->check(CLI::Range(int64_t{1}, limits::kMaxTokens))
+      ->capture_default_str();
   cmd->add_option("--kv-budget", o->kv_budget, "refuse cells whose cache needs more (e.g. 512M)");
   cmd->add_option("--json", o->json, "also write the results to this JSON file");
   cmd->add_option("--seed", o->seed, "seed of the weights and inputs");
@@ -260,11 +261,12 @@ void add_bench(CLI::App& app) {
       if (o->builtin.empty()) o->builtin = qwen ? "qwen21-small" : "small";
       if (o->steps.empty()) o->steps = qwen ? "4,8" : "4,8,28";
       if (o->refs.empty()) o->refs = qwen ? "0,1,2" : "1,2,3";
-      const std::vector<int> steps = parse_int_list(o->steps, "--steps");
-      const std::vector<int> refs = parse_int_list(o->refs, "--refs");
-      const std::vector<int> cfgs = qwen ? parse_int_list(o->cfg, "--cfg") : std::vector<int>{0};
+      const std::vector<int> steps = parse_int_list(o->steps, "--steps", 1, limits::kMaxSteps);
+      const std::vector<int> refs = parse_int_list(o->refs, "--refs", 0, limits::kMaxReferences);
+      const std::vector<int> cfgs =
+          qwen ? parse_int_list(o->cfg, "--cfg", 0, 1) : std::vector<int>{0};
       for (int s : steps) FLOWKV_CHECK(s >= 1, "--steps: every count must be at least 1");
-      const int64_t budget = o->kv_budget.empty() ? -1 : parse_bytes(o->kv_budget);
+      const int64_t budget = o->kv_budget.empty() ? -1 : parse_bytes(o->kv_budget, "--kv-budget");
       const BenchModel runner = qwen ? qwen_model(*o) : klein_model(*o);
       if (!o->caches.empty()) {
         FLOWKV_CHECK(!o->approx, "--text-kv-approx and --cache are separate benchmarks");

@@ -4,11 +4,11 @@
 // each policy computed and skipped, transformer speedup against the same configuration without
 // step caches and against uncached, and the error of the final latent against uncached.
 #include <cstdio>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "bench_models.h"
 #include "flowkv/error.h"
+#include "flowkv/io.h"
 #include "flowkv/runtime.h"
 #include "inputs.h"
 #include "measure.h"
@@ -190,9 +190,7 @@ void write_json(const std::string& path, const BenchModel& m, const CacheBenchPl
     }
     j["cells"].push_back(cell);
   }
-  const std::string tmp = path + ".tmp";
-  std::ofstream(tmp) << j.dump(2) << "\n";
-  FLOWKV_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "cannot write ", path);
+  write_file_atomic(path, j.dump(2) + "\n");  // checked, fsynced, renamed into place
 }
 
 }  // namespace

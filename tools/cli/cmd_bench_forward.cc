@@ -7,6 +7,7 @@
 #include "commands.h"
 #include "flowkv/error.h"
 #include "flowkv/flux2.h"
+#include "flowkv/limits.h"
 #include "flowkv/runtime.h"
 #include "inputs.h"
 #include "measure.h"
@@ -37,13 +38,15 @@ void add_bench_forward(CLI::App& app) {
   auto* o = new Opts;
   cmd->add_option("--builtin", o->builtin, "built-in model")->capture_default_str();
   cmd->add_option("--grid", o->grid, "image latent grid HxW")->capture_default_str();
-  cmd->add_option("--text-tokens", o->text, "text tokens")->capture_default_str();
+  cmd->add_option("--text-tokens", o->text, "text tokens")
+      ->check(CLI::Range(int64_t{1}, limits::kMaxTokens))
+      ->capture_default_str();
   cmd->add_option("--runs", o->runs, "timed runs per dtype")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   cmd->callback([o] {
     std::exit(guarded([&] {
-      const auto [h, w] = parse_dims(o->grid, "--grid", "32x32 (latent tokens, height x width)");
+      const auto [h, w] = parse_grid(o->grid, "--grid");
       const std::vector<std::string> dtypes = {"f32", "bf16"};
       std::vector<Flux2Transformer> models;
       for (const auto& dt : dtypes) models.push_back(Flux2Transformer::builtin(o->builtin, 0, dt));

@@ -4,6 +4,7 @@
 
 #include "commands.h"
 #include "flowkv/error.h"
+#include "flowkv/limits.h"
 #include "flowkv/predict.h"
 #include "flowkv/qwen_image.h"
 #include "measure.h"
@@ -12,7 +13,8 @@ namespace flowkv::cli {
 
 namespace {
 std::pair<int64_t, int64_t> parse_size(const std::string& s, const char* what) {
-  return parse_dims(s, what, "1024x704 (width x height in pixels)");
+  return parse_dims(s, what, "1024x704 (width x height in pixels)", limits::kMaxImageSide,
+                    limits::kMaxImageSide * limits::kMaxImageSide);
 }
 }  // namespace
 
@@ -42,8 +44,11 @@ void add_predict(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--no-refs", o->no_refs, "no reference images");
   cmd->add_option("--text-tokens", o->text, "text tokens (Klein pads prompts to 512)")
+      ->check(CLI::Range(int64_t{1}, limits::kMaxTokens))
       ->capture_default_str();
-  cmd->add_option("--steps", o->steps, "denoising steps")->capture_default_str();
+  cmd->add_option("--steps", o->steps, "denoising steps")
+      ->check(CLI::Range(1, static_cast<int>(limits::kMaxSteps)))
+      ->capture_default_str();
   cmd->add_flag("--cfg", o->cfg, "classifier-free guidance: two branches, two caches");
   cmd->add_option("--kv-dtype", o->kv_dtype, "element type of the cached K/V: bf16 or f32")
       ->capture_default_str();

@@ -5,6 +5,7 @@
 
 #include "commands.h"
 #include "flowkv/error.h"
+#include "flowkv/limits.h"
 #include "flowkv/runtime.h"
 
 int main(int argc, char** argv) {
@@ -16,7 +17,7 @@ int main(int argc, char** argv) {
   app.add_option_function<int>(
          "--threads", [](int n) { flowkv::set_threads(n); },
          "threads for all kernels (default: every core); results do not depend on it")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0, flowkv::limits::kMaxThreads));
   flowkv::cli::add_inspect(app);
   flowkv::cli::add_forward(app);
   flowkv::cli::add_export(app);
@@ -28,6 +29,9 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  } catch (const flowkv::Error& e) {  // from an option's callback
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
   }
   return 0;
 }

@@ -3,11 +3,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
 #include "flowkv/error.h"
+#include "flowkv/limits.h"
 
 namespace flowkv::cli {
 
@@ -53,45 +56,69 @@ void progress_done() {
   if (isatty(2)) std::fprintf(stderr, "\r\033[K");
 }
 
-int64_t parse_bytes(const std::string& s) {
-  FLOWKV_CHECK(!s.empty(), "empty size");
+namespace {
+// A whole decimal integer in [lo, hi], or nothing (no wrap-around: 4294967297 is not 1).
+bool read_int(const std::string& s, int64_t lo, int64_t hi, int64_t* out) {
+  if (s.empty() || s.size() > 19 || s.find_first_not_of("0123456789") != std::string::npos) {
+    return false;
+  }
+  const long long v = std::strtoll(s.c_str(), nullptr, 10);
+  if (v < lo || v > hi) return false;
+  *out = v;
+  return true;
+}
+}  // namespace
+
+int64_t parse_bytes(const std::string& s, const char* what) {
   char* end = nullptr;
-  const double v = std::strtod(s.c_str(), &end);
+  const double v = s.empty() ? NAN : std::strtod(s.c_str(), &end);
   double mult = 1;
-  const std::string suffix(end);
+  const std::string suffix(end ? end : "");
   if (suffix == "K" || suffix == "KiB")
     mult = 1024.0;
   else if (suffix == "M" || suffix == "MiB")
     mult = 1024.0 * 1024;
   else if (suffix == "G" || suffix == "GiB")
     mult = 1024.0 * 1024 * 1024;
-  else
-    FLOWKV_CHECK(suffix.empty(), "cannot read '", s, "' as a size (use e.g. 2G, 512M, 1000000)");
-  FLOWKV_CHECK(v >= 0, "a size cannot be negative: ", s);
-  return static_cast<int64_t>(v * mult);
+  else if (!suffix.empty())
+    mult = NAN;
+  const double bytes = v * mult;
+  // 2^63 as a double is the first value out of range: compare below it, never cast above it.
+  FLOWKV_CHECK(std::isfinite(bytes) && bytes >= 0 && bytes < 9223372036854775807.0, what,
+               ": cannot read '", s, "' as a size (use e.g. 2G, 512M, 1000000)");
+  return static_cast<int64_t>(bytes);
 }
 
-std::vector<int> parse_int_list(const std::string& s, const char* what) {
+std::vector<int> parse_int_list(const std::string& s, const char* what, int lo, int hi) {
   std::vector<int> out;
   std::stringstream in(s);
   std::string item;
   while (std::getline(in, item, ',')) {
-    char* end = nullptr;
-    const long v = std::strtol(item.c_str(), &end, 10);
-    FLOWKV_CHECK(!item.empty() && *end == 0 && v >= 0, what, ": '", item,
-                 "' is not a non-negative integer");
+    int64_t v = 0;
+    FLOWKV_CHECK(read_int(item, lo, hi, &v), what, ": '", item, "' is not an integer in [", lo,
+                 ", ", hi, "]");
     out.push_back(static_cast<int>(v));
   }
   FLOWKV_CHECK(!out.empty(), what, " is empty");
   return out;
 }
 
-std::pair<int64_t, int64_t> parse_dims(const std::string& s, const char* what, const char* form) {
+std::pair<int64_t, int64_t> parse_dims(const std::string& s, const char* what, const char* form,
+                                       int64_t max_side, int64_t max_product) {
+  const size_t x = s.find('x');
   int64_t a = 0, b = 0;
-  char tail = 0;
-  FLOWKV_CHECK(std::sscanf(s.c_str(), "%ldx%ld%c", &a, &b, &tail) == 2 && a > 0 && b > 0, what,
-               " must look like ", form, ", got '", s, "'");
+  FLOWKV_CHECK(x != std::string::npos && read_int(s.substr(0, x), 1, max_side, &a) &&
+                   read_int(s.substr(x + 1), 1, max_side, &b),
+               what, " must look like ", form, " with sides from 1 to ", max_side, ", got '", s,
+               "'");
+  FLOWKV_CHECK(a <= max_product / b, what, ": ", a, "x", b, " is more than ", max_product,
+               " in all");
   return {a, b};
+}
+
+std::pair<int64_t, int64_t> parse_grid(const std::string& s, const char* what) {
+  return parse_dims(s, what, "16x16 (latent tokens, height x width)", limits::kMaxTokens,
+                    limits::kMaxTokens);
 }
 
 }  // namespace flowkv::cli

@@ -19,12 +19,12 @@ namespace {
 class DualBlockCache final : public Policy {
  public:
   DualBlockCache(PolicyOptions& o, const Topology& t)
-      : fn_(static_cast<int>(o.integer("fn", 8))),
-        bn_(static_cast<int>(o.integer("bn", 0))),
-        threshold_(o.num("threshold", 0.08)),
-        warmup_(o.integer("warmup", 8)),
-        max_cached_(o.integer("max_cached", -1)),
-        max_continuous_(o.integer("max_continuous", -1)),
+      : fn_(static_cast<int>(o.integer("fn", 8, kCount))),
+        bn_(static_cast<int>(o.integer("bn", 0, {0, 100000}))),
+        threshold_(o.num("threshold", 0.08, kNonNegative)),
+        warmup_(o.integer("warmup", 8, {0, 100000})),
+        max_cached_(o.integer("max_cached", -1, kCountOrNone)),
+        max_continuous_(o.integer("max_continuous", -1, kCountOrNone)),
         blocks_(static_cast<int>(t.blocks.size())) {
     FLOWKV_CHECK(fn_ >= 1 && bn_ >= 0 && fn_ + bn_ < blocks_, "dbcache: fn=", fn_, " and bn=", bn_,
                  " leave no block to cache in a model of ", blocks_,

@@ -26,19 +26,19 @@ namespace {
 class FasterCache final : public Policy {
  public:
   FasterCache(PolicyOptions& o, const Topology&)
-      : attn_skip_(o.integer("attn_skip", 2)),
-        attn_lo_(o.num("attn_lo", -1)),
-        attn_hi_(o.num("attn_hi", 681)),
-        uncond_skip_(o.integer("uncond_skip", 5)),
-        uncond_lo_(o.num("uncond_lo", -1)),
-        uncond_hi_(o.num("uncond_hi", 641)),
-        alpha_low_(o.num("alpha_low", 1.1)),
-        alpha_high_(o.num("alpha_high", 1.1)),
-        low_lo_(o.num("low_lo", 99)),
-        low_hi_(o.num("low_hi", 901)),
-        high_lo_(o.num("high_lo", -1)),
-        high_hi_(o.num("high_hi", 301)),
-        weight_(o.num("weight", 0.5)) {
+      : attn_skip_(o.integer("attn_skip", 2, kCount)),
+        attn_lo_(o.num("attn_lo", -1, kTimestepBound)),
+        attn_hi_(o.num("attn_hi", 681, kTimestepBound)),
+        uncond_skip_(o.integer("uncond_skip", 5, kCount)),
+        uncond_lo_(o.num("uncond_lo", -1, kTimestepBound)),
+        uncond_hi_(o.num("uncond_hi", 641, kTimestepBound)),
+        alpha_low_(o.num("alpha_low", 1.1, {0, 100})),
+        alpha_high_(o.num("alpha_high", 1.1, {0, 100})),
+        low_lo_(o.num("low_lo", 99, kTimestepBound)),
+        low_hi_(o.num("low_hi", 901, kTimestepBound)),
+        high_lo_(o.num("high_lo", -1, kTimestepBound)),
+        high_hi_(o.num("high_hi", 301, kTimestepBound)),
+        weight_(o.num("weight", 0.5, kFraction)) {
     FLOWKV_CHECK(attn_skip_ >= 1 && uncond_skip_ >= 1,
                  "fastercache: attn_skip and uncond_skip must be >= 1");
   }

@@ -16,7 +16,8 @@ namespace {
 class FirstBlockCache final : public Policy {
  public:
   FirstBlockCache(PolicyOptions& o, const Topology& t)
-      : threshold_(o.num("threshold", 0.05)), last_(static_cast<int>(t.blocks.size()) - 1) {}
+      : threshold_(o.num("threshold", 0.05, kNonNegative)),
+        last_(static_cast<int>(t.blocks.size()) - 1) {}
   std::string name() const override { return "fbcache"; }
   std::string describe() const override {
     return "fbcache threshold=" + std::to_string(threshold_);

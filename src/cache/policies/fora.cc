@@ -16,7 +16,7 @@ namespace {
 
 class Fora final : public Policy {
  public:
-  Fora(PolicyOptions& o, const Topology&) : interval_(o.integer("interval", 3)) {
+  Fora(PolicyOptions& o, const Topology&) : interval_(o.integer("interval", 3, kCount)) {
     FLOWKV_CHECK(interval_ >= 1, "fora: interval must be >= 1, got ", interval_);
   }
   std::string name() const override { return "fora"; }

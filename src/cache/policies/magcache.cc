@@ -60,9 +60,9 @@ std::string python_float(float v) {
 class MagCache final : public Policy {
  public:
   MagCache(PolicyOptions& o, const Topology&)
-      : threshold_(static_cast<float>(o.num("threshold", 0.06))),
-        max_skip_(o.integer("max_skip", 3)),
-        retention_(o.num("retention", 0.2)),
+      : threshold_(static_cast<float>(o.num("threshold", 0.06, kNonNegative))),
+        max_skip_(o.integer("max_skip", 3, {0, 100000})),
+        retention_(o.num("retention", 0.2, kFraction)),
         calibrate_(o.flag("calibrate", false)) {
     const std::string given = o.str("ratios", "");
     if (given == "flux1") {

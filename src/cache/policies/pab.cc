@@ -21,7 +21,9 @@ namespace {
 class PyramidAttentionBroadcast final : public Policy {
  public:
   PyramidAttentionBroadcast(PolicyOptions& o, const Topology&)
-      : skip_(o.integer("skip", 2)), lo_(o.num("lo", 100)), hi_(o.num("hi", 800)) {
+      : skip_(o.integer("skip", 2, kCount)),
+        lo_(o.num("lo", 100, kTimestepBound)),
+        hi_(o.num("hi", 800, kTimestepBound)) {
     FLOWKV_CHECK(skip_ >= 1, "pab: skip must be >= 1, got ", skip_);
     FLOWKV_CHECK(lo_ < hi_, "pab: the timestep range needs lo < hi");
   }

@@ -35,10 +35,10 @@ int64_t py_mod(int64_t a, int64_t n) {
 class TaylorSeer final : public Policy {
  public:
   TaylorSeer(PolicyOptions& o, const Topology&)
-      : interval_(o.integer("interval", 5)),
-        before_(o.integer("before", 3)),
-        after_(o.integer("after", -1)),
-        order_(static_cast<int>(o.integer("order", 1))),
+      : interval_(o.integer("interval", 5, kCount)),
+        before_(o.integer("before", 3, {0, 100000})),
+        after_(o.integer("after", -1, kCountOrNone)),
+        order_(static_cast<int>(o.integer("order", 1, {0, 16}))),
         bf16_factors_(o.str("factors", "bf16") == "bf16") {
     const std::string f = o.str("factors", "bf16");
     FLOWKV_CHECK(f == "bf16" || f == "f32", "taylorseer: factors must be bf16 or f32, got ", f);

@@ -30,7 +30,8 @@ const std::map<std::string, std::vector<double>>& coefficient_table() {
 
 class TeaCache final : public Policy {
  public:
-  TeaCache(PolicyOptions& o, const Topology& t) : threshold_(o.num("threshold", 0.6)) {
+  TeaCache(PolicyOptions& o, const Topology& t)
+      : threshold_(o.num("threshold", 0.6, kNonNegative)) {
     const auto& table = coefficient_table();
     const std::string model = o.str("model", t.model);
     auto it = table.find(model);

@@ -1,36 +1,18 @@
 #include "models/flux2/config.h"
 
+#include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <regex>
 #include <set>
 
+#include "core/boundary.h"
 #include "flowkv/error.h"
+#include "flowkv/limits.h"
 
 namespace flowkv::flux2 {
 
-namespace {
-
-int64_t get_int(const Json& j, const char* key, int64_t def, const std::string& src) {
-  if (!j.contains(key) || j[key].is_null()) return def;
-  const Json& v = j[key];
-  if (v.is_number_integer()) return v.get<int64_t>();
-  if (v.is_number_float() &&
-      v.get<double>() == static_cast<double>(static_cast<int64_t>(v.get<double>()))) {
-    return static_cast<int64_t>(v.get<double>());
-  }
-  fail(src, ": field \"", key, "\" must be an integer, got ", v.dump());
-}
-
-double get_num(const Json& j, const char* key, double def, const std::string& src) {
-  if (!j.contains(key) || j[key].is_null()) return def;
-  FLOWKV_CHECK(j[key].is_number(), src, ": field \"", key, "\" must be a number, got ",
-               j[key].dump());
-  return j[key].get<double>();
-}
-
-}  // namespace
-
-Config Config::from_json(const Json& j, const std::string& src) {
+static Config from_json_unguarded(const Json& j, const std::string& src) {
   FLOWKV_CHECK(j.is_object(), src, ": config is not a JSON object");
   if (j.contains("_class_name") && j["_class_name"].is_string()) {
     const std::string cls = j["_class_name"].get<std::string>();
@@ -38,61 +20,75 @@ Config Config::from_json(const Json& j, const std::string& src) {
                  "\", expected \"Flux2Transformer2DModel\"");
   }
   Config c;
-  c.patch_size = get_int(j, "patch_size", c.patch_size, src);
-  c.in_channels = get_int(j, "in_channels", c.in_channels, src);
-  c.out_channels = get_int(j, "out_channels", 0, src);
-  c.num_layers = get_int(j, "num_layers", c.num_layers, src);
-  c.num_single_layers = get_int(j, "num_single_layers", c.num_single_layers, src);
-  c.attention_head_dim = get_int(j, "attention_head_dim", c.attention_head_dim, src);
-  c.num_attention_heads = get_int(j, "num_attention_heads", c.num_attention_heads, src);
-  c.joint_attention_dim = get_int(j, "joint_attention_dim", c.joint_attention_dim, src);
+  // Sizes are read within flowkv's limits (flowkv/limits.h), so every product of them below
+  // (widths, MLP sizes, weight bytes) fits 64-bit arithmetic.
+  auto size = [&](const char* key, int64_t def, int64_t hi) {
+    return json_int(j, key, def, 0, hi, src);
+  };
+  c.patch_size = size("patch_size", c.patch_size, limits::kMaxWidth);
+  c.in_channels = size("in_channels", c.in_channels, limits::kMaxWidth);
+  c.out_channels = size("out_channels", 0, limits::kMaxWidth);
+  c.num_layers = size("num_layers", c.num_layers, limits::kMaxBlocks);
+  c.num_single_layers = size("num_single_layers", c.num_single_layers, limits::kMaxBlocks);
+  c.attention_head_dim = size("attention_head_dim", c.attention_head_dim, limits::kMaxWidth);
+  c.num_attention_heads = size("num_attention_heads", c.num_attention_heads, limits::kMaxWidth);
+  c.joint_attention_dim = size("joint_attention_dim", c.joint_attention_dim, limits::kMaxWidth);
   c.timestep_guidance_channels =
-      get_int(j, "timestep_guidance_channels", c.timestep_guidance_channels, src);
-  c.mlp_ratio = get_num(j, "mlp_ratio", c.mlp_ratio, src);
-  c.rope_theta = get_num(j, "rope_theta", c.rope_theta, src);
-  c.eps = get_num(j, "eps", c.eps, src);
-  if (j.contains("guidance_embeds") && !j["guidance_embeds"].is_null()) {
-    FLOWKV_CHECK(j["guidance_embeds"].is_boolean(), src,
-                 ": field \"guidance_embeds\" must be true or false");
-    c.guidance_embeds = j["guidance_embeds"].get<bool>();
-  }
+      size("timestep_guidance_channels", c.timestep_guidance_channels, limits::kMaxWidth);
+  c.mlp_ratio = json_number(j, "mlp_ratio", c.mlp_ratio, 0, limits::kMaxMlpRatio, src);
+  c.rope_theta = json_number(j, "rope_theta", c.rope_theta, 0, 1e30, src);
+  c.eps = json_number(j, "eps", c.eps, 0, 1, src);
+  c.guidance_embeds = json_bool(j, "guidance_embeds", c.guidance_embeds, src);
   if (j.contains("axes_dims_rope") && !j["axes_dims_rope"].is_null()) {
-    FLOWKV_CHECK(j["axes_dims_rope"].is_array(), src, ": axes_dims_rope must be a list");
+    FLOWKV_CHECK(j["axes_dims_rope"].is_array() && j["axes_dims_rope"].size() <= 16, src,
+                 ": axes_dims_rope must be a short list");
     c.axes_dims_rope.clear();
     for (const Json& a : j["axes_dims_rope"]) {
-      FLOWKV_CHECK(a.is_number_integer(), src, ": axes_dims_rope entries must be integers");
-      c.axes_dims_rope.push_back(a.get<int64_t>());
+      c.axes_dims_rope.push_back(json_int_value(a, 0, limits::kMaxWidth, src + ": axes_dims_rope"));
     }
   }
   c.validate(src);
   return c;
 }
 
+Config Config::from_json(const Json& j, const std::string& src) {
+  return at_input_boundary(src, [&] { return from_json_unguarded(j, src); });
+}
+
 void Config::validate(const std::string& src) const {
-  auto positive = [&](int64_t v, const char* name) {
-    FLOWKV_CHECK(v > 0, src, ": ", name, " must be positive, got ", v);
+  auto size = [&](int64_t v, const char* name, int64_t lo, int64_t hi) {
+    FLOWKV_CHECK(v >= lo && v <= hi, src, ": ", name, " is ", v, ", outside [", lo, ", ", hi, "]");
   };
-  positive(patch_size, "patch_size");
-  positive(in_channels, "in_channels");
-  positive(num_attention_heads, "num_attention_heads");
-  positive(attention_head_dim, "attention_head_dim");
-  positive(joint_attention_dim, "joint_attention_dim");
-  positive(timestep_guidance_channels, "timestep_guidance_channels");
-  FLOWKV_CHECK(num_layers >= 0 && num_single_layers >= 0, src, ": negative block count");
+  for (auto [v, name] : {std::pair{patch_size, "patch_size"},
+                         {in_channels, "in_channels"},
+                         {num_attention_heads, "num_attention_heads"},
+                         {attention_head_dim, "attention_head_dim"},
+                         {joint_attention_dim, "joint_attention_dim"},
+                         {timestep_guidance_channels, "timestep_guidance_channels"}}) {
+    size(v, name, 1, limits::kMaxWidth);
+  }
+  size(out_channels, "out_channels", 0, limits::kMaxWidth);
+  size(dim(), "num_attention_heads * attention_head_dim", 1, limits::kMaxWidth);
+  size(num_layers, "num_layers", 0, limits::kMaxBlocks);
+  size(num_single_layers, "num_single_layers", 0, limits::kMaxBlocks);
+  size(num_blocks(), "num_layers + num_single_layers", 0, limits::kMaxBlocks);
   FLOWKV_CHECK(timestep_guidance_channels % 2 == 0, src,
                ": timestep_guidance_channels must be even");
-  FLOWKV_CHECK(mlp_ratio > 0 && mlp_hidden() > 0, src, ": mlp_ratio must be positive");
+  FLOWKV_CHECK(mlp_ratio > 0 && mlp_ratio <= limits::kMaxMlpRatio && mlp_hidden() > 0, src,
+               ": mlp_ratio must be in (0, ", limits::kMaxMlpRatio, "]");
   FLOWKV_CHECK(attention_head_dim % 2 == 0, src, ": attention_head_dim must be even (RoPE pairs)");
+  FLOWKV_CHECK(axes_dims_rope.size() == 4, src,
+               ": axes_dims_rope must have 4 entries (T, H, W, L)");
+  for (int64_t a : axes_dims_rope) {
+    FLOWKV_CHECK(a > 0 && a <= limits::kMaxWidth && a % 2 == 0, src,
+                 ": every axes_dims_rope entry must be even, positive and at most ",
+                 limits::kMaxWidth);
+  }
   const int64_t sum = std::accumulate(axes_dims_rope.begin(), axes_dims_rope.end(), int64_t{0});
   FLOWKV_CHECK(sum == attention_head_dim, src, ": axes_dims_rope sums to ", sum,
                " but attention_head_dim is ", attention_head_dim, "; they must be equal");
-  for (int64_t a : axes_dims_rope) {
-    FLOWKV_CHECK(a > 0 && a % 2 == 0, src,
-                 ": every axes_dims_rope entry must be even and positive");
-  }
-  FLOWKV_CHECK(axes_dims_rope.size() == 4, src,
-               ": axes_dims_rope must have 4 entries (T, H, W, L)");
-  FLOWKV_CHECK(rope_theta > 0 && eps > 0, src, ": rope_theta and eps must be positive");
+  FLOWKV_CHECK(std::isfinite(rope_theta) && std::isfinite(eps) && rope_theta > 0 && eps > 0, src,
+               ": rope_theta and eps must be positive");
 }
 
 Json Config::to_json() const {
@@ -122,17 +118,21 @@ const TensorInfo* find(const std::map<std::string, TensorInfo>& t, const std::st
   return it == t.end() ? nullptr : &it->second;
 }
 
+// One more than the largest block index among names "<prefix><index>.<...>". An index beyond
+// the block limit is a problem of the files, reported by name.
 int64_t count_blocks(const std::map<std::string, TensorInfo>& t, const std::string& prefix) {
-  std::set<int64_t> ids;
+  int64_t count = 0;
   for (const auto& [name, info] : t) {
     if (name.rfind(prefix, 0) != 0) continue;
     const size_t dot = name.find('.', prefix.size());
     const std::string idx = name.substr(prefix.size(), dot - prefix.size());
-    if (!idx.empty() && idx.find_first_not_of("0123456789") == std::string::npos) {
-      ids.insert(std::stoll(idx));
-    }
+    if (idx.empty() || idx.find_first_not_of("0123456789") != std::string::npos) continue;
+    FLOWKV_CHECK(idx.size() <= 6 && std::stoll(idx) < limits::kMaxBlocks, info.file, ": tensor '",
+                 name, "' has block index ", idx, ", beyond the limit of ", limits::kMaxBlocks,
+                 " blocks");
+    count = std::max<int64_t>(count, std::stoll(idx) + 1);
   }
-  return ids.empty() ? 0 : *ids.rbegin() + 1;
+  return count;
 }
 
 }  // namespace

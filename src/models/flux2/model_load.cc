@@ -41,11 +41,13 @@ Model Model::load(const std::string& path, const LoadOptions& opts) {
   Config cfg = src.scan().config
                    ? Config::from_json(*src.scan().config, src.scan().path + "/config.json")
                    : infer_config(src.tensors());
+  if (!src.scan().config) cfg.validate(src.scan().path + " (config inferred from shapes)");
   return from_source(src, cfg, opts);
 }
 
 Model Model::from_source(const WeightSource& src, const Config& cfg, const LoadOptions& opts) {
   validate(src, cfg);
+  check_weights_fit(weight_table(cfg), variant_name(cfg));
   auto w = std::make_shared<Weights>();
   w->cfg = cfg;
   w->compute = choose_compute_dtype(src, opts);

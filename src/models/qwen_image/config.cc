@@ -2,33 +2,31 @@
 
 #include <numeric>
 
+#include "core/boundary.h"
 #include "flowkv/error.h"
+#include "flowkv/limits.h"
 
 namespace flowkv::qwen {
 
 namespace {
 
-int64_t get_int(const Json& j, const char* key, int64_t def, const std::string& src) {
-  if (!j.contains(key) || j[key].is_null()) return def;
-  FLOWKV_CHECK(j[key].is_number_integer(), src, ": field \"", key, "\" must be an integer, got ",
-               j[key].dump());
-  return j[key].get<int64_t>();
+// Sizes are read within flowkv's limits (flowkv/limits.h), so their products fit 64 bits.
+int64_t get_size(const Json& j, const char* key, int64_t def, int64_t hi, const std::string& src) {
+  return json_int(j, key, def, 0, hi, src);
 }
 
 bool get_bool(const Json& j, const char* key, bool def, const std::string& src) {
-  if (!j.contains(key) || j[key].is_null()) return def;
-  FLOWKV_CHECK(j[key].is_boolean(), src, ": field \"", key, "\" must be true or false");
-  return j[key].get<bool>();
+  return json_bool(j, key, def, src);
 }
 
 std::vector<int64_t> get_axes(const Json& j, std::vector<int64_t> def, const std::string& src) {
   if (!j.contains("axes_dims_rope") || j["axes_dims_rope"].is_null()) return def;
   std::vector<int64_t> a;
   FLOWKV_CHECK(j["axes_dims_rope"].is_array(), src, ": axes_dims_rope must be a list");
+  FLOWKV_CHECK(j["axes_dims_rope"].size() <= 16, src, ": axes_dims_rope is too long");
   for (const Json& v : j["axes_dims_rope"]) {
-    FLOWKV_CHECK(v.is_number_integer() && v.get<int64_t>() > 0 && v.get<int64_t>() % 2 == 0, src,
-                 ": axes_dims_rope entries must be positive even integers");
-    a.push_back(v.get<int64_t>());
+    a.push_back(json_int_value(v, 2, limits::kMaxWidth, src + ": axes_dims_rope entry"));
+    FLOWKV_CHECK(a.back() % 2 == 0, src, ": axes_dims_rope entries must be even");
   }
   FLOWKV_CHECK(a.size() == 3, src, ": axes_dims_rope must have 3 entries (frame, height, width)");
   return a;
@@ -36,7 +34,9 @@ std::vector<int64_t> get_axes(const Json& j, std::vector<int64_t> def, const std
 
 void check_common(int64_t heads, int64_t hd, const std::vector<int64_t>& axes,
                   const std::string& src) {
-  FLOWKV_CHECK(heads > 0 && hd > 0 && hd % 2 == 0, src, ": bad attention heads / head dim");
+  FLOWKV_CHECK(heads > 0 && hd > 0 && hd % 2 == 0 && heads * hd <= limits::kMaxWidth, src,
+               ": bad attention heads / head dim (even head dim, width at most ", limits::kMaxWidth,
+               ")");
   const int64_t sum = std::accumulate(axes.begin(), axes.end(), int64_t{0});
   FLOWKV_CHECK(sum == hd, src, ": axes_dims_rope sums to ", sum, " but attention_head_dim is ", hd);
 }
@@ -44,12 +44,14 @@ void check_common(int64_t heads, int64_t hd, const std::vector<int64_t>& axes,
 // The fields both configs share (out_channels defaults as the class's own default does).
 template <class C>
 void read_shared(const Json& j, C& c, int64_t out_default, const std::string& src) {
-  c.patch_size = get_int(j, "patch_size", c.patch_size, src);
-  c.in_channels = get_int(j, "in_channels", c.in_channels, src);
-  c.out_channels = get_int(j, "out_channels", out_default, src);
-  c.num_layers = get_int(j, "num_layers", c.num_layers, src);
-  c.attention_head_dim = get_int(j, "attention_head_dim", c.attention_head_dim, src);
-  c.num_attention_heads = get_int(j, "num_attention_heads", c.num_attention_heads, src);
+  c.patch_size = get_size(j, "patch_size", c.patch_size, 64, src);
+  c.in_channels = get_size(j, "in_channels", c.in_channels, limits::kMaxWidth, src);
+  c.out_channels = get_size(j, "out_channels", out_default, limits::kMaxWidth, src);
+  c.num_layers = get_size(j, "num_layers", c.num_layers, limits::kMaxBlocks, src);
+  c.attention_head_dim =
+      get_size(j, "attention_head_dim", c.attention_head_dim, limits::kMaxWidth, src);
+  c.num_attention_heads =
+      get_size(j, "num_attention_heads", c.num_attention_heads, limits::kMaxWidth, src);
   c.axes_dims_rope = get_axes(j, c.axes_dims_rope, src);
 }
 
@@ -74,22 +76,26 @@ std::string class_name(const Json& config) {
   return "";
 }
 
-Config21 Config21::from_json(const Json& j, const std::string& src) {
+static Config21 from_json21_unguarded(const Json& j, const std::string& src) {
   FLOWKV_CHECK(j.is_object(), src, ": config is not a JSON object");
   const std::string cls = class_name(j);
   FLOWKV_CHECK(cls.empty() || cls == "QwenImage21Transformer2DModel", src, ": _class_name is \"",
                cls, "\", expected \"QwenImage21Transformer2DModel\"");
   Config21 c;
-  read_shared(j, c, get_int(j, "in_channels", c.in_channels, src), src);
-  c.context_in_dim = get_int(j, "context_in_dim", c.context_in_dim, src);
-  c.mlp_ratio = get_int(j, "mlp_ratio", c.mlp_ratio, src);
-  if (j.contains("eps") && j["eps"].is_number()) c.eps = j["eps"].get<double>();
+  read_shared(j, c, get_size(j, "in_channels", c.in_channels, limits::kMaxWidth, src), src);
+  c.context_in_dim = get_size(j, "context_in_dim", c.context_in_dim, limits::kMaxWidth, src);
+  c.mlp_ratio = get_size(j, "mlp_ratio", c.mlp_ratio, 64, src);
+  c.eps = json_number(j, "eps", c.eps, 0, 1, src);
   c.causal_condition = get_bool(j, "causal_condition", c.causal_condition, src);
   FLOWKV_CHECK(c.patch_size > 0 && c.in_channels > 0 && c.out_channels > 0 && c.num_layers >= 0 &&
                    c.context_in_dim > 0 && c.mlp_ratio > 0,
                src, ": sizes must be positive");
   check_common(c.num_attention_heads, c.attention_head_dim, c.axes_dims_rope, src);
   return c;
+}
+
+Config21 Config21::from_json(const Json& j, const std::string& src) {
+  return at_input_boundary(src, [&] { return from_json21_unguarded(j, src); });
 }
 
 Json Config21::to_json() const {
@@ -101,14 +107,15 @@ Json Config21::to_json() const {
   return j;
 }
 
-ConfigQwenImage ConfigQwenImage::from_json(const Json& j, const std::string& src) {
+static ConfigQwenImage from_json_qwen_unguarded(const Json& j, const std::string& src) {
   FLOWKV_CHECK(j.is_object(), src, ": config is not a JSON object");
   const std::string cls = class_name(j);
   FLOWKV_CHECK(cls.empty() || cls == "QwenImageTransformer2DModel", src, ": _class_name is \"", cls,
                "\", expected \"QwenImageTransformer2DModel\"");
   ConfigQwenImage c;
   read_shared(j, c, c.out_channels, src);
-  c.joint_attention_dim = get_int(j, "joint_attention_dim", c.joint_attention_dim, src);
+  c.joint_attention_dim =
+      get_size(j, "joint_attention_dim", c.joint_attention_dim, limits::kMaxWidth, src);
   c.zero_cond_t = get_bool(j, "zero_cond_t", c.zero_cond_t, src);
   FLOWKV_CHECK(!get_bool(j, "use_additional_t_cond", false, src) &&
                    !get_bool(j, "use_layer3d_rope", false, src),
@@ -118,6 +125,10 @@ ConfigQwenImage ConfigQwenImage::from_json(const Json& j, const std::string& src
                src, ": sizes must be positive");
   check_common(c.num_attention_heads, c.attention_head_dim, c.axes_dims_rope, src);
   return c;
+}
+
+ConfigQwenImage ConfigQwenImage::from_json(const Json& j, const std::string& src) {
+  return at_input_boundary(src, [&] { return from_json_qwen_unguarded(j, src); });
 }
 
 Json ConfigQwenImage::to_json() const {

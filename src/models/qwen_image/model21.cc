@@ -40,6 +40,7 @@ std::vector<float> vec(const Tensor& t, float add = 0.0f) {
 
 std::shared_ptr<Model21::Weights> build(const Getter& get, const Config21& c, DType dt,
                                         bool plain) {
+  check_weights_fit(weight_table(c), "a Qwen-Image-2.1 transformer");
   auto w = std::make_shared<Model21::Weights>();
   w->cfg = c;
   w->compute = dt;

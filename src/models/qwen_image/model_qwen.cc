@@ -54,6 +54,7 @@ ops::Linear stacked(const Getter& get, std::vector<std::string> bases, DType dt)
 
 std::shared_ptr<ModelQwenImage::Weights> build(const Getter& get, const ConfigQwenImage& c,
                                                DType dt) {
+  check_weights_fit(weight_table(c), "a Qwen-Image transformer");
   FLOWKV_CHECK(
       !c.zero_cond_t,
       "zero_cond_t (Qwen-Image-Edit-2511: references modulated from t = 0) is not supported "

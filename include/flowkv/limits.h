@@ -1,0 +1,33 @@
+// The limits flowkv checks before it allocates anything. Each is far above what a released
+// model or a sensible request needs (noted beside it), and low enough that every size derived
+// from values within them fits 64-bit arithmetic. Beyond them a call fails with a flowkv::Error
+// naming the value and the limit. docs/reliability.md lists them.
+#pragma once
+
+#include <cstdint>
+
+namespace flowkv::limits {
+
+// Blocks of one model (FLUX.2 dev: 56, Qwen-Image: 60).
+inline constexpr int64_t kMaxBlocks = 1024;
+// Any width, channel count, head count or head dim of a model (FLUX.2 dev: 15,360).
+inline constexpr int64_t kMaxWidth = 65536;
+// MLP hidden size over model width (released: 3 and 4).
+inline constexpr double kMaxMlpRatio = 64;
+// Tokens of one sequence: target, text, references and condition images together
+// (a 4096x4096 image is 65,536 tokens at /16).
+inline constexpr int64_t kMaxTokens = int64_t{1} << 20;
+// Reference or condition images of one request.
+inline constexpr int64_t kMaxReferences = 64;
+// Denoising steps of one request.
+inline constexpr int64_t kMaxSteps = 100000;
+// Threads of the kernels.
+inline constexpr int kMaxThreads = 4096;
+// Pixels per side of an image size given to predict or a pipeline.
+inline constexpr int64_t kMaxImageSide = 65536;
+// Bytes of a JSON file read whole (config.json, shard index; real ones are < 1 MiB).
+inline constexpr int64_t kMaxJsonFileBytes = int64_t{64} << 20;
+// Tensors in one checkpoint (FLUX.2 dev holds ~800).
+inline constexpr int64_t kMaxTensors = 1000000;
+
+}  // namespace flowkv::limits
