@@ -11,6 +11,8 @@
 #include <thread>
 #include <vector>
 
+#include "core/parallel.h"
+#include "flowkv/error.h"
 #include "flowkv/flux2.h"
 #include "flowkv/runtime.h"
 #include "models/flux2/builtin.h"
@@ -117,6 +119,24 @@ TEST_P(ThreadTest, SameBitsFromAnyThread) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Weights, ThreadTest, ::testing::Values("f32", "bf16"));
+
+// An error inside a parallel task reaches the caller as itself (an exception may not leave an
+// OpenMP region: it would terminate the process), and the other tasks stop early.
+TEST(ParallelFor, AnErrorInATaskReachesTheCaller) {
+  set_num_threads(2);
+  std::atomic<int> ran{0};
+  try {
+    parallel_for(1000, [&](int64_t i) {
+      ran.fetch_add(1);
+      if (i == 3) fail("task ", i, " failed");
+    });
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "task 3 failed");
+  }
+  EXPECT_LT(ran.load(), 1000);
+  set_num_threads(0);
+}
 
 }  // namespace
 }  // namespace flowkv

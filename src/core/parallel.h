@@ -6,7 +6,10 @@
 
 #include <omp.h>
 
+#include <atomic>
 #include <cstdint>
+#include <exception>
+#include <utility>
 
 namespace flowkv {
 
@@ -25,21 +28,42 @@ inline thread_local int t_thread_index = 0;
 // Whatever thread calls it (main, a bare std::thread, a thread inside the caller's own OpenMP
 // team) and whatever that thread's OpenMP settings are, the team is num_threads() threads (or
 // just the caller, inside another parallel region).
+//
+// `threads`: the team size a caller already sized per-thread scratch for (read num_threads()
+// once, so a concurrent set_num_threads cannot grow the team past the scratch).
 template <class Fn>
-void parallel_for(int64_t n, Fn&& fn) {
-  const int threads = num_threads();
+void parallel_for_on(int threads, int64_t n, Fn&& fn) {
   if (n <= 1 || threads <= 1 || omp_in_parallel()) {
     for (int64_t i = 0; i < n; ++i) fn(i);
     return;
   }
   const int outer = detail::t_thread_index;
+  // An exception may not leave an OpenMP region (it would terminate the process): the first
+  // one is kept, the remaining tasks are skipped, and it is rethrown on the calling thread.
+  std::exception_ptr error;
+  std::atomic<bool> failed{false};
 #pragma omp parallel num_threads(threads)
   {
     detail::t_thread_index = omp_get_thread_num();
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < n; ++i) fn(i);
+    for (int64_t i = 0; i < n; ++i) {
+      if (failed.load(std::memory_order_relaxed)) continue;
+      try {
+        fn(i);
+      } catch (...) {
+#pragma omp critical(flowkv_parallel_error)
+        if (!error) error = std::current_exception();
+        failed.store(true, std::memory_order_relaxed);
+      }
+    }
   }
   detail::t_thread_index = outer;
+  if (error) std::rethrow_exception(error);
+}
+
+template <class Fn>
+void parallel_for(int64_t n, Fn&& fn) {
+  parallel_for_on(num_threads(), n, std::forward<Fn>(fn));
 }
 
 // Index of the calling thread in its parallel_for team, below the team size (0 outside one).

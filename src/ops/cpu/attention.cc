@@ -70,8 +70,9 @@ void attention(const ExecContext& ctx, const AttnShape& s, Mat q, std::span<cons
   });
   const int64_t tiles = (s.seq_q + kQueryTile - 1) / kQueryTile;
   const int64_t scratch_floats = cpu::attn_scratch_floats(kQueryTile, hd, bk);
-  float* scratch = ws.floats(scratch_floats * num_threads());
-  parallel_for(bh * tiles, [&](int64_t t) {
+  const int threads = num_threads();  // once: the scratch is sized for this team
+  float* scratch = ws.floats(scratch_floats * threads);
+  parallel_for_on(threads, bh * tiles, [&](int64_t t) {
     const int64_t b = t / (s.heads * tiles), h = (t / tiles) % s.heads, tile = t % tiles;
     const int64_t i0 = tile * kQueryTile, nq = std::min(kQueryTile, s.seq_q - i0);
     cpu::PackedSource packed[kMaxSources];
