@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <string>
@@ -39,13 +40,16 @@ class CaptureTracer : public Tracer {
 
 // Compares `got` with every dumped name that starts with `prefix`, in the dump's order
 // (meta.json "dump_names": forward order), and reports the first one that diverges.
-// Tolerance: max |got - ref| <= rel_tol * max |ref| for each tensor.
+// Tolerance: max |got - ref| <= rel_tol * max |ref| for each tensor; the worst NMSE is
+// reported beside it. The names compared are exactly those meta.json lists under the prefix:
+// each must be dumped and traced (a rename on either side fails), and at least one must match
+// (a prefix that matches nothing fails instead of passing empty).
 inline void expect_matches_dump(const std::map<std::string, Tensor>& got,
                                 const std::map<std::string, Tensor>& dump,
                                 const std::vector<std::string>& order, const std::string& prefix,
                                 double rel_tol, int* compared = nullptr) {
   int n = 0;
-  double worst = 0;
+  double worst = 0, worst_nmse = 0;
   std::string worst_name;
   for (const std::string& name : order) {
     if (name.rfind(prefix, 0) != 0) continue;
@@ -64,11 +68,13 @@ inline void expect_matches_dump(const std::map<std::string, Tensor>& got,
       worst = e.rel();
       worst_name = name;
     }
+    worst_nmse = std::max(worst_nmse, e.nmse());
     ++n;
   }
+  ASSERT_GT(n, 0) << "no dumped tensor name starts with '" << prefix << "'";
   if (compared) *compared = n;
-  std::printf("  %d tensors under '%s' match; worst relative error %.3g (%s)\n", n, prefix.c_str(),
-              worst, worst_name.c_str());
+  std::printf("  %d tensors under '%s' match; worst relative error %.3g (%s), worst NMSE %.3g\n",
+              n, prefix.c_str(), worst, worst_name.c_str(), worst_nmse);
 }
 
 // One dumped case: its folder, inputs, dumped intermediates in forward order, and meta.json.

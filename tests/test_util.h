@@ -24,14 +24,20 @@ inline std::vector<float> randn(int64_t n, uint64_t seed, float scale = 1.0f) {
 struct ErrorStats {
   double max_abs = 0;
   double max_ref = 0;
+  double sq_err = 0, sq_ref = 0;  // sums of squares of the error and of the reference
   double rel() const { return max_ref > 0 ? max_abs / max_ref : max_abs; }
+  // Normalised mean squared error: sum (got - ref)^2 / sum ref^2.
+  double nmse() const { return sq_ref > 0 ? sq_err / sq_ref : sq_err; }
 };
 
 inline ErrorStats compare(const float* got, const float* ref, int64_t n) {
   ErrorStats e;
   for (int64_t i = 0; i < n; ++i) {
-    e.max_abs = std::max(e.max_abs, std::abs(double(got[i]) - double(ref[i])));
+    const double d = double(got[i]) - double(ref[i]);
+    e.max_abs = std::max(e.max_abs, std::abs(d));
     e.max_ref = std::max(e.max_ref, std::abs(double(ref[i])));
+    e.sq_err += d * d;
+    e.sq_ref += double(ref[i]) * double(ref[i]);
     if (std::isnan(got[i]) != std::isnan(ref[i])) e.max_abs = INFINITY;
   }
   return e;
