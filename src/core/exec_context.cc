@@ -29,9 +29,20 @@ void FiniteChecker::record(std::string_view name, const Tensor& value) {
                " is the first intermediate that holds NaN or infinity (element ", bad, ")");
 }
 
-void trace_parts(const ExecContext& ctx, std::string_view name, int64_t batch,
+std::string TraceName::str() const {
+  if (block.empty()) return std::string(leaf);
+  return std::string(block) + std::to_string(index) + "." + std::string(leaf);
+}
+
+std::ostream& operator<<(std::ostream& out, const TraceBlock& b) {
+  return out << b.block << b.index << ".";
+}
+
+void trace_parts(const ExecContext& ctx, const TraceName& trace_name, int64_t batch,
                  std::initializer_list<TracePart> parts, int64_t heads) {
-  if (!ctx.tracer || !ctx.tracer->wants(name)) return;
+  if (!ctx.tracer) return;
+  const std::string name = trace_name.str();
+  if (!ctx.tracer->wants(name)) return;
   int64_t seq = 0, cols = -1;
   for (const TracePart& p : parts) {
     seq += p.seq;
@@ -53,8 +64,11 @@ void trace_parts(const ExecContext& ctx, std::string_view name, int64_t batch,
   ctx.tracer->record(name, t);
 }
 
-void trace_tensor(const ExecContext& ctx, std::string_view name, const float* data, Shape shape) {
-  if (!ctx.tracer || !ctx.tracer->wants(name)) return;
+void trace_tensor(const ExecContext& ctx, const TraceName& trace_name, const float* data,
+                  Shape shape) {
+  if (!ctx.tracer) return;
+  const std::string name = trace_name.str();
+  if (!ctx.tracer->wants(name)) return;
   Tensor t = Tensor::empty(std::move(shape));
   std::memcpy(t.f32(), data, static_cast<size_t>(t.nbytes()));
   ctx.tracer->record(name, t);

@@ -1,6 +1,7 @@
 // ExecContext: what one forward runs with. Passed explicitly; nothing of it is global.
 #pragma once
 
+#include <ostream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -61,6 +62,27 @@ class ScopedOpTimer {
   double start_;
 };
 
+// A trace name that costs nothing until a tracer asks for it: "<block><index>.<leaf>"
+// ("transformer_blocks.3.attn.k") or a plain name. Models build these on every block whether
+// or not a tracer is attached, so no string is made unless one is.
+struct TraceName {
+  std::string_view block;  // "transformer_blocks." ("" for a plain name)
+  int64_t index = -1;
+  std::string_view leaf;
+  TraceName(const char* name) : leaf(name) {}  // NOLINT: a plain name
+  TraceName(std::string_view block, int64_t index, std::string_view leaf)
+      : block(block), index(index), leaf(leaf) {}
+  std::string str() const;
+};
+
+// The prefix of one block's names: `p + "attn.k"` is that block's "attn.k".
+struct TraceBlock {
+  std::string_view block;
+  int64_t index;
+  TraceName operator+(std::string_view leaf) const { return {block, index, leaf}; }
+};
+std::ostream& operator<<(std::ostream& out, const TraceBlock& b);
+
 // Records the row-wise concatenation of `parts` (each [B*S_i, C]) as one [B, sum S_i, C]
 // (or, with `heads`, [B, sum S_i, heads, C/heads]) tensor. Costs nothing without a tracer.
 struct TracePart {
@@ -68,8 +90,8 @@ struct TracePart {
   int64_t seq;             // rows per batch element
   int64_t batch_rows = 0;  // rows from one batch element to the next in m (0: seq)
 };
-void trace_parts(const ExecContext& ctx, std::string_view name, int64_t batch,
+void trace_parts(const ExecContext& ctx, const TraceName& name, int64_t batch,
                  std::initializer_list<TracePart> parts, int64_t heads = 0);
-void trace_tensor(const ExecContext& ctx, std::string_view name, const float* data, Shape shape);
+void trace_tensor(const ExecContext& ctx, const TraceName& name, const float* data, Shape shape);
 
 }  // namespace flowkv

@@ -176,7 +176,7 @@ void double_block(const Run& r, int64_t i, Stream* txt, Stream& img, Stream* ref
   const DoubleBlockWeights& w = r.w.doubles[static_cast<size_t>(i)];
   const ExecContext& ec = r.ec;
   cache::BlockHooks* hooks = r.a.hooks;
-  const std::string p = "transformer_blocks." + std::to_string(i) + ".";
+  const TraceBlock p{"transformer_blocks.", i};
   ArenaScope scope(r.ws);
   const bool reuse_attn =
       dynamic && hooks && hooks->reuse(static_cast<int>(i), cache::Sublayer::kAttention);
@@ -286,7 +286,7 @@ void single_block(const Run& r, int64_t j, Stream& live, int64_t txt_rows, Strea
   cache::BlockHooks* hooks = r.a.hooks;
   const int64_t layer = r.w.cfg.num_layers + j, S = live.seq, N = S - txt_rows;
   const int block = static_cast<int>(layer);
-  const std::string p = "single_transformer_blocks." + std::to_string(j) + ".";
+  const TraceBlock p{"single_transformer_blocks.", j};
   ArenaScope scope(r.ws);
   const bool reuse = dynamic && hooks && hooks->reuse(block, cache::Sublayer::kAttention);
   const bool compute_dyn = dynamic && !reuse;
@@ -294,7 +294,7 @@ void single_block(const Run& r, int64_t j, Stream& live, int64_t txt_rows, Strea
                "attn while the text K/V were being stored: the prefill call must compute");
   // Traces in diffusers' order [txt, ref, img]: the live stream's text rows, the references,
   // the live stream's image rows.
-  auto trace3 = [&](const std::string& name, Mat live_m, Mat ref_m, int64_t heads = 0) {
+  auto trace3 = [&](const TraceName& name, Mat live_m, Mat ref_m, int64_t heads = 0) {
     if (!ec.tracer || !compute_dyn) return;
     trace_parts(ec, name, r.B,
                 {TracePart{live_m, txt_rows, S}, TracePart{ref_m, ref ? ref->seq : 0},

@@ -204,9 +204,9 @@ void block(const Run& r, int64_t i, Seg* prefix, Seg& target, const uint8_t* key
   const bool attend_target = dynamic && !reuse_attn;
   const ExecContext& ec = r.ec;
   const int64_t P = r.lay.P, T = r.lay.T;
-  const std::string n = "transformer_blocks." + std::to_string(i) + ".";
+  const TraceBlock n{"transformer_blocks.", i};
   ArenaScope scope(r.ws);
-  auto trace2 = [&](const std::string& name, Mat pm, Mat tm, int64_t heads = 0) {
+  auto trace2 = [&](const TraceName& name, Mat pm, Mat tm, int64_t heads = 0) {
     trace_parts(ec, name, r.B, {{pm, prefix ? P : 0}, {tm, T}}, heads);
   };
   trace2(n + "in", prefix ? prefix->x : Mat{}, target.x);

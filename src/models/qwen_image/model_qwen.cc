@@ -143,7 +143,7 @@ void block(const Run& r, int64_t i, Stream& txt, Stream& img, const Mat& temb_ac
            const uint8_t* key_valid) {
   const auto& [wi, wt] = r.w.blocks[static_cast<size_t>(i)];
   const ExecContext& ec = r.ec;
-  const std::string n = "transformer_blocks." + std::to_string(i) + ".";
+  const TraceBlock n{"transformer_blocks.", i};
   ArenaScope scope(r.ws);
   trace_parts(ec, n + "in_img", r.B, {{img.x, img.seq}});
   trace_parts(ec, n + "in_txt", r.B, {{txt.x, txt.seq}});
