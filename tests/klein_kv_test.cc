@@ -245,6 +245,8 @@ TEST(KleinKvRules, BudgetTooSmallIsRefusedBeforeTheRun) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find(std::to_string(need) + " bytes"), std::string::npos)
         << e.what();
+    // The library names its options; command-line flags are the CLI's to say.
+    EXPECT_EQ(std::string(e.what()).find("--"), std::string::npos) << e.what();
   }
   EXPECT_EQ(steps_run, 0);
   r.kv_budget_bytes = need;

@@ -2,6 +2,7 @@
 // as a flowkv::Error whose message names the problem and, where possible, what to do.
 #pragma once
 
+#include <cstdint>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -12,6 +13,15 @@ namespace flowkv {
 class Error : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+};
+
+// A request whose exact KV cache would not fit the caller's KV budget (kv_budget_bytes): the
+// figures, so that a front end can say it in its own terms (a CLI flag, an HTTP field).
+class KVBudgetError : public Error {
+ public:
+  KVBudgetError(const std::string& what, int64_t need, int64_t budget)
+      : Error(what), need_bytes(need), budget_bytes(budget) {}
+  int64_t need_bytes, budget_bytes;
 };
 
 template <class... Parts>

@@ -96,13 +96,8 @@ KleinKVResult run_klein_kv(const ExecContext& ctx, const flux2::Model& m, const 
   KleinKVResult res;
   res.plan = plan_of(r);
   const int64_t need = planned_kv_bytes_unchecked(m, r);
-  if (r.kv_budget_bytes >= 0 && need > r.kv_budget_bytes) {
-    fail("the KV cache needs ", need, " bytes (", static_cast<double>(need) / (1 << 30),
-         " GiB) but the budget is ", r.kv_budget_bytes, " bytes (",
-         static_cast<double>(r.kv_budget_bytes) / (1 << 30),
-         " GiB); raise --kv-budget, use smaller or fewer references, or run uncached "
-         "(--mode recompute)");
-  }
+  check_kv_budget(need, r.kv_budget_bytes, "the KV cache",
+                  "use smaller or fewer references, or run uncached (mode kRecompute)");
   const int64_t B = r.batch, L = r.text_tokens, N = r.height * r.width, C = c.in_channels;
   const TokenLayout layout = layout_of(r);
   bool refs_cached = false;

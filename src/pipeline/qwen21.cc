@@ -131,13 +131,9 @@ Qwen21Result run_qwen21(const ExecContext& ctx, const qwen::Model21& m, const Qw
   Qwen21Result res;
   res.cfg = has_cfg(r);
   const int64_t need = planned_kv_bytes_unchecked(m, r);
-  if (r.kv_budget_bytes >= 0 && need > r.kv_budget_bytes) {
-    fail("the prefix KV cache needs ", need, " bytes (", static_cast<double>(need) / (1 << 30),
-         " GiB", res.cfg ? ", one cache per CFG branch" : "", ") but the budget is ",
-         r.kv_budget_bytes,
-         " bytes; raise --kv-budget, shorten the prompt or the condition images, "
-         "or run uncached");
-  }
+  check_kv_budget(need, r.kv_budget_bytes,
+                  res.cfg ? "the prefix KV cache (one per CFG branch)" : "the prefix KV cache",
+                  "shorten the prompt or the condition images, or run uncached (use_cache false)");
   // Branches: cond alone, or cond and uncond (batched when their layouts match).
   std::vector<Branch> branches(1);
   StepCaches step_caches(r.step_caches, m.topology());

@@ -1,5 +1,7 @@
 #include "pipeline/request_limits.h"
 
+#include <sstream>
+
 #include "core/checked.h"
 #include "core/memory.h"
 #include "flowkv/error.h"
@@ -41,6 +43,15 @@ void check_request_memory(const cost::ModelShape& model, const RequestSize& r) {
   check_memory(checked_add(r.kv_bytes, activations, "request memory"),
                "this request (KV caches and activations)",
                "use fewer or smaller images, a smaller size, or free memory");
+}
+
+void check_kv_budget(int64_t need, int64_t budget, std::string_view what, std::string_view advice) {
+  if (budget < 0 || need <= budget) return;
+  std::ostringstream m;
+  m << what << " needs " << need << " bytes (" << static_cast<double>(need) / (1 << 30)
+    << " GiB) but the KV budget (kv_budget_bytes) is " << budget << " bytes ("
+    << static_cast<double>(budget) / (1 << 30) << " GiB); raise the budget, " << advice;
+  throw KVBudgetError(m.str(), need, budget);
 }
 
 }  // namespace flowkv::pipeline

@@ -30,4 +30,8 @@ void check_request_limits(const RequestSize& r);
 // KV memories and activations against the memory budget.
 void check_request_memory(const cost::ModelShape& model, const RequestSize& r);
 
+// Throws KVBudgetError when `need` bytes of KV memory exceed `budget` (negative: no budget);
+// `what` names the cache, `advice` what else helps. Names options, never command-line flags.
+void check_kv_budget(int64_t need, int64_t budget, std::string_view what, std::string_view advice);
+
 }  // namespace flowkv::pipeline

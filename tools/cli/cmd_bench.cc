@@ -79,7 +79,14 @@ Cell run_cell(const BenchModel& runner, const Opts& o, Cell c, int64_t budget, W
     spec.exact = mode != 1;
     spec.text_kv_approx = mode == 2;
     reset_peak_rss();
-    const DenoiseResult r = runner.run(spec, ws);
+    DenoiseResult r;
+    try {
+      r = runner.run(spec, ws);
+    } catch (const KVBudgetError& e) {  // the library names options; say it in flags
+      fail("the KV cache needs ", e.need_bytes, " bytes (",
+           static_cast<double>(e.need_bytes) / (1 << 30), " GiB) but --kv-budget is ",
+           e.budget_bytes, " bytes; raise --kv-budget or use smaller or fewer --refs");
+    }
     if (timed) record(*stats[mode], r, peak_rss_bytes());
   };
   for (int mode = 0; mode < n; ++mode) one(mode, false);
