@@ -73,8 +73,8 @@ inline void expect_matches_dump(const std::map<std::string, Tensor>& got,
   }
   ASSERT_GT(n, 0) << "no dumped tensor name starts with '" << prefix << "'";
   if (compared) *compared = n;
-  std::printf("  %d tensors under '%s' match; worst relative error %.3g (%s), worst NMSE %.3g\n",
-              n, prefix.c_str(), worst, worst_name.c_str(), worst_nmse);
+  std::printf("  %d tensors under '%s' match; worst relative error %.3g (%s), worst NMSE %.3g\n", n,
+              prefix.c_str(), worst, worst_name.c_str(), worst_nmse);
 }
 
 // One dumped case: its folder, inputs, dumped intermediates in forward order, and meta.json.

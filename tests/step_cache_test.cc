@@ -6,12 +6,17 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
+#include <set>
+#include <sstream>
 
 #include "cache/policy.h"
 #include "cache/spectral.h"
 #include "fixtures.h"
 #include "flowkv/error.h"
+#include "flowkv/step_cache.h"
 #include "test_util.h"
 
 namespace flowkv {
@@ -379,7 +384,75 @@ TEST(StepCacheRegistry, UnknownPolicyAndOptionAreNamed) {
     EXPECT_NE(std::string(e.what()).find("has no option 'treshold'"), std::string::npos);
   }
   EXPECT_THROW(decisions("fbcache:threshold=abc", 1), Error);
-  EXPECT_EQ(cache::registered_policies().size(), 8u);
+}
+
+// The registered policy names, in registry order.
+std::vector<std::string> registered_names() {
+  std::vector<std::string> out;
+  for (const cache::PolicyInfo& p : cache::registered_policies()) out.push_back(p.name);
+  return out;
+}
+
+// The policies specs ("name:key=value,...") name.
+std::set<std::string> policies_of(const std::vector<std::string>& specs) {
+  std::set<std::string> out;
+  for (const std::string& s : specs) out.insert(s.substr(0, s.find(':')));
+  return out;
+}
+
+// Every registered policy is named by the specs (the registry's size is not written down: a
+// policy added to or dropped from the registry shows up here, against the specs the model tests
+// run).
+void expect_every_policy(const std::vector<std::string>& specs) {
+  const std::vector<std::string> names = registered_names();
+  EXPECT_EQ(policies_of(specs), std::set<std::string>(names.begin(), names.end()));
+}
+
+TEST(StepCacheRegistry, PublicListingIsTheRegistry) {
+  const std::vector<std::string> names = registered_names();
+  ASSERT_FALSE(names.empty());
+  EXPECT_EQ(std::set<std::string>(names.begin(), names.end()).size(), names.size())
+      << "a policy registered twice";
+  const std::vector<StepCachePolicy> listed = step_cache_policies();
+  ASSERT_EQ(listed.size(), names.size());
+  for (size_t i = 0; i < names.size(); ++i) {
+    EXPECT_EQ(listed[i].name, names[i]);
+    EXPECT_EQ(listed[i].summary, cache::registered_policies()[i].summary) << names[i];
+    EXPECT_FALSE(listed[i].summary.empty()) << names[i];
+    EXPECT_EQ(listed[i].summary.find('\n'), std::string::npos) << names[i];  // one line each
+  }
+}
+
+// `flowkv caches` lists kv, then every registered policy once, in registry order, each name on
+// its own line and its summary indented on the next. The command line's path comes in
+// FLOWKV_CLI (ctest cli.caches_match_registry sets it); without it the test is skipped.
+TEST(StepCacheCli, CachesListsEveryRegisteredPolicy) {
+  const char* cli = std::getenv("FLOWKV_CLI");
+  if (cli == nullptr || *cli == '\0') GTEST_SKIP() << "FLOWKV_CLI not set";
+  FILE* pipe = popen(("'" + std::string(cli) + "' caches").c_str(), "r");
+  ASSERT_NE(pipe, nullptr) << cli;
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, pipe)) > 0;) out.append(buf, n);
+  ASSERT_EQ(pclose(pipe), 0) << out;
+
+  std::vector<std::string> lines;
+  std::istringstream in(out);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  std::vector<std::string> names, summaries;
+  for (size_t i = 0; i + 1 < lines.size(); ++i) {
+    if (!lines[i].empty() && lines[i][0] != ' ' && lines[i + 1].rfind("  ", 0) == 0) {
+      names.push_back(lines[i]);
+      summaries.push_back(lines[i + 1].substr(2));
+    }
+  }
+  std::vector<std::string> want = {"kv"};
+  const std::vector<std::string> registered = registered_names();
+  want.insert(want.end(), registered.begin(), registered.end());
+  EXPECT_EQ(names, want) << out;
+  ASSERT_EQ(summaries.size(), names.size());
+  for (size_t i = 0; i < registered.size() && i + 1 < summaries.size(); ++i)
+    EXPECT_EQ(summaries[i + 1], cache::registered_policies()[i].summary) << registered[i];
 }
 
 // ---------------------------------------------------------------- isolation
@@ -432,6 +505,24 @@ const std::vector<std::string> kModelFiring = {
     "pab:lo=-1,hi=2000",
 };
 
+// FLUX.2 Klein at the "tiny" widths with the "small" model's depth (2 double + 6 single
+// blocks): deep enough for DBCache's front, middle and back blocks at a small fraction of the
+// "small" model's compute (the policies' decisions need the block count, not the width).
+struct DeepTinyKlein : test::KleinFixture {
+  DeepTinyKlein() : KleinFixture(DType::kF32) {
+    flux2::Config small;
+    EXPECT_TRUE(flux2::builtin_config("small", &small));
+    cfg.num_layers = small.num_layers;
+    cfg.num_single_layers = small.num_single_layers;
+    flux2::LoadOptions o;
+    o.auto_dtype = false;
+    o.compute = DType::kF32;
+    model = flux2::Model::from_source(
+        flux2::WeightSource(flux2::random_weights(cfg, 9, DType::kF32)), cfg, o);
+  }
+  int blocks() const { return cfg.num_layers + cfg.num_single_layers; }
+};
+
 std::vector<float> klein_run(const test::KleinFixture& f, pipeline::RefMode mode, int steps,
                              const std::vector<std::string>& caches,
                              std::vector<StepCacheStats>* stats = nullptr) {
@@ -455,6 +546,7 @@ const std::vector<std::string> kNeverFiring = {
     "pab:lo=2000,hi=3000",   "fastercache:attn_lo=2000,attn_hi=3000,uncond_lo=2000,uncond_hi=3000"};
 
 TEST(StepCacheInModels, PoliciesThatNeverFireAreBitIdenticalToNoPolicy) {
+  expect_every_policy(kNeverFiring);
   const test::KleinFixture f(DType::kF32);
   const auto plain = klein_run(f, pipeline::RefMode::kCached, 5, {});
   for (const std::string& spec : kNeverFiring) {
@@ -468,10 +560,11 @@ TEST(StepCacheInModels, PoliciesThatNeverFireAreBitIdenticalToNoPolicy) {
 // Blocks skipped or sublayers reused on the text and target streams leave the references' K/V
 // exact: cached + policy equals recompute + policy bit for bit.
 TEST(StepCacheInModels, EveryPolicyComposesWithTheKleinReferenceCache) {
-  const test::KleinFixture f(DType::kF32, "small");
+  const DeepTinyKlein f;
   std::vector<std::string> specs = kModelFiring;
   specs.push_back("dbcache:fn=2,bn=1,threshold=10,warmup=1");
   specs.push_back("fastercache");  // no CFG in Klein: attention extrapolation only
+  expect_every_policy(specs);
   for (const std::string& s : specs) {
     std::vector<StepCacheStats> st;
     const auto cached = klein_run(f, pipeline::RefMode::kCached, 8, {s}, &st);
@@ -516,6 +609,7 @@ TEST(StepCacheInModels, EveryPolicyComposesWithTheQwen21PrefixCache) {
   const test::Qwen21Fixture f(DType::kF32, 2);
   std::vector<std::string> specs = kModelFiring;
   specs.push_back("fastercache:uncond_hi=2000,attn_hi=2000");
+  expect_every_policy(specs);
   for (const std::string& s : specs) {
     std::vector<StepCacheStats> st;
     const auto cached = qwen_run(f, true, true, 8, {s}, &st);
@@ -524,21 +618,23 @@ TEST(StepCacheInModels, EveryPolicyComposesWithTheQwen21PrefixCache) {
     EXPECT_GT(st[0].blocks_skipped + st[0].sublayers_reused + st[0].branches_skipped, 0)
         << s << ": " << st[0].decisions;
   }
+  const auto plain = qwen_run(f, true, true, 4, {});  // the same for every spec: run once
   for (const std::string& spec : kNeverFiring) {
-    EXPECT_TRUE(same(qwen_run(f, true, true, 4, {}), qwen_run(f, true, true, 4, {spec}))) << spec;
+    EXPECT_TRUE(same(plain, qwen_run(f, true, true, 4, {spec}))) << spec;
   }
 }
 
 // Each hooked sublayer is asked once per call: the schedules inside the models are the ones of
 // the scripted stack (and counts are blocks x calls).
 TEST(StepCacheInModels, DecisionsFollowTheScheduleInsideBothModels) {
-  const test::KleinFixture k(DType::kF32, "small");
+  const DeepTinyKlein k;
   std::vector<StepCacheStats> st;
   klein_run(k, pipeline::RefMode::kCached, 8,
             {"taylorseer", "pab:lo=-1,hi=2000", "fora:interval=2"}, &st);
   ASSERT_EQ(st.size(), 3u);
   EXPECT_EQ(st[0].decisions, "CCCpCppp");
-  EXPECT_EQ(st[0].sublayers_reused, 4 * 8);  // 4 forecast calls x 8 blocks
+  EXPECT_EQ(k.blocks(), 8);
+  EXPECT_EQ(st[0].sublayers_reused, 4 * k.blocks());  // 4 forecast calls x 8 blocks
   EXPECT_EQ(st[1].decisions, "CrCrCrCr");
   EXPECT_EQ(st[2].decisions, "CCrCrCrC");
 
