@@ -131,9 +131,10 @@ Qwen21Result run_qwen21(const ExecContext& ctx, const qwen::Model21& m, const Qw
   Qwen21Result res;
   res.cfg = has_cfg(r);
   const int64_t need = planned_kv_bytes_unchecked(m, r);
-  check_kv_budget(need, r.kv_budget_bytes,
-                  res.cfg ? "the prefix KV cache (one per CFG branch)" : "the prefix KV cache",
-                  "shorten the prompt or the condition images, or run uncached (use_cache false)");
+  check_kv_budget(
+      need, r.kv_budget_bytes,
+      res.cfg ? "the prefix KV cache (one cache per CFG branch)" : "the prefix KV cache",
+      "shorten the prompt or the condition images, or run uncached (use_cache false)");
   // Branches: cond alone, or cond and uncond (batched when their layouts match).
   std::vector<Branch> branches(1);
   StepCaches step_caches(r.step_caches, m.topology());
