@@ -96,6 +96,23 @@ TEST(HostileFiles, NumbersBeyondDoubleRangeAreFlowkvErrors) {
   expect_error([&] { scan_checkpoint(s.path().string()); }, {"index.json", "number overflow"});
 }
 
+// Deep nesting parses without recursion in nlohmann but is copied and printed recursively: it
+// must stop at the parser, not overflow the stack later (found by fuzz_inspect_folder).
+TEST(HostileFiles, DeeplyNestedJsonIsRefusedAtTheParser) {
+  const std::string deep = std::string(1000000, '[') + std::string(1000000, ']');
+  expect_error([&] { parse_json(R"({"eps":)" + deep + "}", "config.json"); },
+               {"config.json", "nested deeper than"});
+  TempDir d;
+  folder_with_config(d, R"({"_class_name":"Flux2Transformer2DModel","x":)" + deep + "}");
+  const InspectReport r = inspect(d.path().string());
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.problems[0].find("nested deeper than"), std::string::npos) << r.problems[0];
+  // A bracket inside a string is text, not nesting.
+  EXPECT_EQ(
+      parse_json(R"({"s":")" + std::string(100, '[') + R"("})", "x")["s"].get<std::string>().size(),
+      100u);
+}
+
 TEST(HostileFiles, HugeBlockIndexInATensorNameIsAProblemNotACrash) {
   TempDir d;
   const std::string h =

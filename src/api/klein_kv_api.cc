@@ -4,6 +4,7 @@
 #include "flowkv/error.h"
 #include "flowkv/klein_kv.h"
 #include "pipeline/klein_kv.h"
+#include "pipeline/request_limits.h"
 
 namespace flowkv {
 
@@ -19,7 +20,7 @@ pipeline::KleinKVRequest to_request(const Flux2Transformer& model, const Denoise
   check3(in.text, "text");
   check3(in.noise, "noise");
   const int64_t b = in.noise.dim(0);
-  FLOWKV_CHECK(in.height > 0 && in.width > 0 && in.noise.dim(1) == in.height * in.width,
+  FLOWKV_CHECK(in.noise.dim(1) == pipeline::grid_tokens(in.height, in.width, "the target grid"),
                "noise has ", in.noise.dim(1), " tokens for a ", in.height, "x", in.width, " grid");
   FLOWKV_CHECK(in.noise.dim(2) == c.in_channels, "noise has ", in.noise.dim(2),
                " channels; this model takes ", c.in_channels);
@@ -35,7 +36,9 @@ pipeline::KleinKVRequest to_request(const Flux2Transformer& model, const Denoise
   for (size_t i = 0; i < in.references.size(); ++i) {
     const ReferenceLatents& ref = in.references[i];
     check3(ref.latents, "reference latents");
-    FLOWKV_CHECK(ref.latents.dim(0) == b && ref.latents.dim(1) == ref.height * ref.width &&
+    FLOWKV_CHECK(ref.latents.dim(0) == b &&
+                     ref.latents.dim(1) ==
+                         pipeline::grid_tokens(ref.height, ref.width, "a reference grid") &&
                      ref.latents.dim(2) == c.in_channels,
                  "reference ", i + 1, " is ", shape_str(ref.latents.shape()), "; expected [", b,
                  ", ", ref.height, "*", ref.width, ", ", c.in_channels, "]");

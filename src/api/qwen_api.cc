@@ -58,7 +58,7 @@ void to_request(const QwenImage21Transformer& m, const Qwen21Inputs& in, const Q
                 Request& q) {
   const auto& c = m.impl().model.config();
   FLOWKV_CHECK(in.noise.defined() && in.noise.ndim() == 3 && in.noise.dim(2) == c.in_channels &&
-                   in.noise.dim(1) == in.height * in.width,
+                   in.noise.dim(1) == pipeline::grid_tokens(in.height, in.width, "the target grid"),
                "noise must be [B, ", in.height, "*", in.width, ", ", c.in_channels, "]");
   const int64_t B = in.noise.dim(0);
   auto prompt = [&](const QwenPrompt& p, std::vector<uint8_t>& valid) {
@@ -80,7 +80,8 @@ void to_request(const QwenImage21Transformer& m, const Qwen21Inputs& in, const Q
   q.r.cfg_scale = in.cfg_scale;
   for (const ReferenceLatents& ref : in.conditions) {
     FLOWKV_CHECK(ref.latents.ndim() == 3 && ref.latents.dim(0) == B &&
-                     ref.latents.dim(1) == ref.height * ref.width &&
+                     ref.latents.dim(1) ==
+                         pipeline::grid_tokens(ref.height, ref.width, "a condition-image grid") &&
                      ref.latents.dim(2) == c.in_channels,
                  "condition latents must be [", B, ", h*w, ", c.in_channels, "]");
     q.r.cond_grids.push_back({ref.height, ref.width});

@@ -8,7 +8,48 @@
 
 namespace flowkv {
 
+namespace {
+
+// nlohmann parses and frees nesting without recursion but copies and prints it recursively: a
+// value nested a million deep (2 MB of brackets) would overflow the stack later. No file flowkv
+// reads nests deeper than a few levels.
+constexpr int kMaxJsonDepth = 64;
+
+void check_depth(const std::string& text, const std::string& what) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (const char c : text) {
+    if (in_string) {
+      if (escaped)
+        escaped = false;
+      else if (c == '\\')
+        escaped = true;
+      else if (c == '"')
+        in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      FLOWKV_CHECK(++depth <= kMaxJsonDepth, what, ": JSON nested deeper than ", kMaxJsonDepth,
+                   " levels");
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+}
+
+// A value for an error message: short, and never a whole hostile structure.
+std::string shown(const Json& v) {
+  if (v.is_object()) return "an object";
+  if (v.is_array()) return "a list";
+  std::string s = v.dump();
+  if (s.size() > 80) s = s.substr(0, 77) + "...";
+  return s;
+}
+
+}  // namespace
+
 Json parse_json(const std::string& text, const std::string& what) {
+  check_depth(text, what);
   try {
     return Json::parse(text);
   } catch (const Json::exception& e) {
@@ -37,20 +78,20 @@ int64_t json_int_value(const Json& v, int64_t lo, int64_t hi, const std::string&
     const uint64_t u = v.get<uint64_t>();
     if (u > static_cast<uint64_t>(INT64_MAX) || static_cast<int64_t>(u) < lo ||
         static_cast<int64_t>(u) > hi) {
-      out_of_range(where, v.dump(), lo, hi);
+      out_of_range(where, shown(v), lo, hi);
     }
     return static_cast<int64_t>(u);
   }
   if (v.is_number_integer()) {
     const int64_t i = v.get<int64_t>();
-    if (i < lo || i > hi) out_of_range(where, v.dump(), lo, hi);
+    if (i < lo || i > hi) out_of_range(where, shown(v), lo, hi);
     return i;
   }
   const double d = v.is_number_float() ? v.get<double>() : 0.5;
   // 2^63 is the first double outside int64: compare below it before any cast.
   if (!(d == std::floor(d) && d >= static_cast<double>(lo) && d < 9223372036854775808.0 &&
         static_cast<int64_t>(d) <= hi)) {
-    out_of_range(where, v.dump(), lo, hi);
+    out_of_range(where, shown(v), lo, hi);
   }
   return static_cast<int64_t>(d);
 }
@@ -65,7 +106,7 @@ double json_number(const Json& j, const char* key, double def, double lo, double
                    const std::string& src) {
   if (!j.contains(key) || j[key].is_null()) return def;
   const Json& v = j[key];
-  FLOWKV_CHECK(v.is_number(), src, ": field \"", key, "\" must be a number, got ", v.dump());
+  FLOWKV_CHECK(v.is_number(), src, ": field \"", key, "\" must be a number, got ", shown(v));
   const double d = v.get<double>();
   FLOWKV_CHECK(std::isfinite(d) && d >= lo && d <= hi, src, ": field \"", key, "\" is ", d,
                ", outside [", lo, ", ", hi, "]");
