@@ -59,10 +59,11 @@ common=(-rss_limit_mb=2048 -timeout=10)
 failed=()
 
 # 1. The saved crash corpus: every input must now pass.
-crash_report() {  # the sanitizer's or the harness's report in a log, else its tail
+crash_report() {  # the report in a log (sanitizer, harness, terminate), without runtime frames
   local report
-  report=$(grep -E -A14 '^(==[0-9]+==ERROR|\*\*\*|.*runtime error:)' "$1" || true)
-  if [[ -n $report ]]; then head -40 <<<"$report" >&2; else tail -30 "$1" >&2; fi
+  report=$(grep -E -A60 '^(==[0-9]+== ?ERROR|\*\*\*|terminate called|.*runtime error:)' "$1" |
+    grep -vE ' in (fuzzer::|__sanitizer|__interceptor|raise|abort|__pthread_kill|std::terminate|__cxa_throw|__clang_call_terminate|main$)|^ +#[0-9]+ 0x[0-9a-f]+ +\(' || true)
+  if [[ -n $report ]]; then head -30 <<<"$report" >&2; else tail -30 "$1" >&2; fi
 }
 for t in "${targets[@]}"; do
   mapfile -t saved < <(find "tests/fuzz/regressions/$t" -type f ! -name '.*' 2>/dev/null | sort)

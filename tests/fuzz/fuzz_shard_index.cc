@@ -2,8 +2,10 @@
 // and the scan that follows it. The input is written as the index into a scratch folder that
 // holds the golden multi_guidance transformer (its config.json and its five shards, as sparse
 // copies: real headers, zero data) plus hostile neighbours an index may name: a symlink loop, a
-// dangling symlink, a folder, an empty file. scan_checkpoint runs lenient (inspect) and strict
-// (the loader).
+// dangling symlink, a folder, a FIFO (opening it must not block), an empty file. scan_checkpoint
+// runs lenient (inspect) and strict (the loader).
+#include <sys/stat.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -39,6 +41,7 @@ const fs::path& fixture() {
     fs::create_symlink("loop.safetensors", dir.path() / "loop.safetensors");
     fs::create_symlink("nonexistent.safetensors", dir.path() / "dangling.safetensors");
     fs::create_directory(dir.path() / "dir.safetensors");
+    if (mkfifo((dir.path() / "fifo.safetensors").c_str(), 0600) != 0) std::abort();
     flowkv::fuzz::write_file(dir.path() / "empty.safetensors", "");
     made = true;
   }
