@@ -1,13 +1,6 @@
 #include "io/safetensors.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
-#include <cstdio>
-#include <cstring>
-#include <filesystem>
 
 #include "core/boundary.h"
 #include "core/checked.h"

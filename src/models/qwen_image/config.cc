@@ -15,10 +15,6 @@ int64_t get_size(const Json& j, const char* key, int64_t def, int64_t hi, const 
   return json_int(j, key, def, 0, hi, src);
 }
 
-bool get_bool(const Json& j, const char* key, bool def, const std::string& src) {
-  return json_bool(j, key, def, src);
-}
-
 std::vector<int64_t> get_axes(const Json& j, std::vector<int64_t> def, const std::string& src) {
   if (!j.contains("axes_dims_rope") || j["axes_dims_rope"].is_null()) return def;
   std::vector<int64_t> a;
@@ -86,7 +82,7 @@ static Config21 from_json21_unguarded(const Json& j, const std::string& src) {
   c.context_in_dim = get_size(j, "context_in_dim", c.context_in_dim, limits::kMaxWidth, src);
   c.mlp_ratio = get_size(j, "mlp_ratio", c.mlp_ratio, 64, src);
   c.eps = json_number(j, "eps", c.eps, 0, 1, src);
-  c.causal_condition = get_bool(j, "causal_condition", c.causal_condition, src);
+  c.causal_condition = json_bool(j, "causal_condition", c.causal_condition, src);
   FLOWKV_CHECK(c.patch_size > 0 && c.in_channels > 0 && c.out_channels > 0 && c.num_layers >= 0 &&
                    c.context_in_dim > 0 && c.mlp_ratio > 0,
                src, ": sizes must be positive");
@@ -116,9 +112,9 @@ static ConfigQwenImage from_json_qwen_unguarded(const Json& j, const std::string
   read_shared(j, c, c.out_channels, src);
   c.joint_attention_dim =
       get_size(j, "joint_attention_dim", c.joint_attention_dim, limits::kMaxWidth, src);
-  c.zero_cond_t = get_bool(j, "zero_cond_t", c.zero_cond_t, src);
-  FLOWKV_CHECK(!get_bool(j, "use_additional_t_cond", false, src) &&
-                   !get_bool(j, "use_layer3d_rope", false, src),
+  c.zero_cond_t = json_bool(j, "zero_cond_t", c.zero_cond_t, src);
+  FLOWKV_CHECK(!json_bool(j, "use_additional_t_cond", false, src) &&
+                   !json_bool(j, "use_layer3d_rope", false, src),
                src, ": the Qwen-Image Layered variant is not supported");
   FLOWKV_CHECK(c.patch_size > 0 && c.in_channels > 0 && c.out_channels > 0 && c.num_layers >= 0 &&
                    c.joint_attention_dim > 0,
