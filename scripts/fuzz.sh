@@ -11,23 +11,10 @@ cd "$(dirname "$0")/.."
 seconds=${1:-60}
 [[ $seconds =~ ^[0-9]+$ ]] || { echo "usage: scripts/fuzz.sh [SECONDS_PER_TARGET]" >&2; exit 2; }
 
-sudo_cmd=()
-[[ $(id -u) -ne 0 ]] && sudo_cmd=(sudo)
-updated=0
-install_missing() {
-  local missing=() p
-  for p in "$@"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-  done
-  ((${#missing[@]})) || return 0
-  echo "fuzz: installing ${missing[*]}"
-  if ((!updated)); then "${sudo_cmd[@]}" apt-get update -qq; updated=1; fi
-  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
-}
+source scripts/packages.sh
 # The project's own dependencies (as scripts/setup.sh), clang, and its OpenMP runtime (CMake's
 # FindOpenMP needs libomp under clang).
-install_missing cmake ninja-build pkg-config libdnnl-dev libhwy-dev nlohmann-json3-dev \
-  libcli11-dev libgtest-dev clang libomp-dev
+install_missing "${FLOWKV_PACKAGES[@]}" clang libomp-dev
 # libFuzzer and the sanitizer runtimes ship in libclang-rt-<version>-dev from LLVM 14 on
 # (a Recommends of clang, so absent where recommends are off).
 if [[ $(clang++ -print-file-name=libclang_rt.fuzzer-x86_64.a) != /* ]]; then
