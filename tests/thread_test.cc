@@ -6,6 +6,7 @@
 #include <omp.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -129,6 +130,9 @@ TEST(ParallelFor, AnErrorInATaskReachesTheCaller) {
     parallel_for(1000, [&](int64_t i) {
       ran.fetch_add(1);
       if (i == 3) fail("task ", i, " failed");
+      // The first throw in a process is slow (the unwinder loads its tables): tasks that take
+      // no time could all finish before the failure is recorded, whatever the loop does.
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
     });
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
