@@ -6,7 +6,6 @@
 
 #include <cmath>
 
-#include "cache/layout.h"
 #include "cost/cost_model.h"
 #include "fixtures.h"
 #include "flowkv/error.h"
@@ -16,6 +15,7 @@
 #include "models/flux2/model.h"
 #include "pipeline/klein_kv.h"
 #include "sched/flow_match.h"
+#include "segments/layout.h"
 
 namespace flowkv {
 namespace {

@@ -3,7 +3,6 @@
 // budget, and the published cost figures.
 #include <gtest/gtest.h>
 
-#include "cache/layout.h"
 #include "cost/cost_model.h"
 #include "fixtures.h"
 #include "flowkv/error.h"
@@ -12,6 +11,7 @@
 #include "models/qwen_image/builtin.h"
 #include "models/qwen_image/model21.h"
 #include "pipeline/qwen21.h"
+#include "segments/layout.h"
 
 namespace flowkv {
 namespace {

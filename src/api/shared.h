@@ -5,10 +5,10 @@
 #include <string>
 #include <vector>
 
-#include "cache/layout.h"
 #include "cost/cost_model.h"
 #include "flowkv/klein_kv.h"
 #include "flowkv/predict.h"
+#include "segments/layout.h"
 
 namespace flowkv::api {
 

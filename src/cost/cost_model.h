@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "cache/layout.h"
+#include "segments/layout.h"
 
 namespace flowkv::cost {
 

@@ -8,11 +8,11 @@
 #include <functional>
 #include <vector>
 
-#include "cache/layout.h"
 #include "core/exec_context.h"
 #include "flowkv/step_cache.h"
 #include "models/flux2/model.h"
 #include "sched/flow_match.h"
+#include "segments/layout.h"
 
 namespace flowkv::pipeline {
 

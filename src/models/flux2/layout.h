@@ -4,9 +4,9 @@
 
 #include <vector>
 
-#include "cache/layout.h"
 #include "cost/cost_model.h"
 #include "models/flux2/config.h"
+#include "segments/layout.h"
 
 namespace flowkv::flux2 {
 

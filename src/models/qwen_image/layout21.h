@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "cache/layout.h"
+#include "segments/layout.h"
 
 namespace flowkv::qwen {
 

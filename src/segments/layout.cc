@@ -1,4 +1,4 @@
-#include "cache/layout.h"
+#include "segments/layout.h"
 
 #include "flowkv/error.h"
 
