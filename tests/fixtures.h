@@ -5,18 +5,61 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "core/arena.h"
+#include "families/adapters.h"
+#include "flowkv/model.h"
 #include "models/common/random_weights.h"
 #include "models/flux2/builtin.h"
 #include "models/flux2/model.h"
 #include "models/qwen_image/builtin.h"
 #include "models/qwen_image/model21.h"
-#include "pipeline/klein_kv.h"
-#include "pipeline/qwen21.h"
+#include "pipeline/denoise.h"
 
 namespace flowkv::test {
+
+// A request as denoise() takes it, plus the loop's test hook (every step's velocities).
+struct LoopRequest {
+  DenoiseInputs in;
+  DenoiseOptions opts;
+  std::function<void(int step, const float* cond, const float* uncond, const float* v,
+                     const float* latents)>
+      observe;
+  pipeline::LoopOptions loop() const {
+    pipeline::LoopOptions l;
+    l.steps = opts.steps;
+    l.sigmas = opts.sigmas;
+    l.kv_budget_bytes = opts.kv_budget_bytes;
+    l.step_caches = opts.step_caches;
+    l.on_step = opts.on_step;
+    l.observe = observe;
+    return l;
+  }
+};
+
+// The one loop over a family's adapter, as denoise() runs it.
+inline pipeline::LoopResult run(Arena& arena, const flux2::Model& m, const LoopRequest& r) {
+  const auto a = families::flux2_adapter(m, r.in, r.opts);
+  return pipeline::run_denoise({&arena}, *a, r.loop());
+}
+inline pipeline::LoopResult run(Arena& arena, const qwen::Model21& m, const LoopRequest& r) {
+  const auto a = families::qwen21_adapter(m, r.in, r.opts);
+  return pipeline::run_denoise({&arena}, *a, r.loop());
+}
+inline int64_t planned_kv_bytes(const flux2::Model& m, const LoopRequest& r) {
+  return pipeline::planned_kv_bytes(*families::flux2_adapter(m, r.in, r.opts));
+}
+inline int64_t planned_kv_bytes(const qwen::Model21& m, const LoopRequest& r) {
+  return pipeline::planned_kv_bytes(*families::qwen21_adapter(m, r.in, r.opts));
+}
+
+inline Tensor tensor(const std::vector<float>& v, Shape shape) {
+  return Tensor::from_vector(v, std::move(shape));
+}
 
 struct KleinFixture {
   flux2::Config cfg;
@@ -40,17 +83,17 @@ struct KleinFixture {
     flux2::fill_normal(ref1.data(), ref1.size(), 13);
     flux2::fill_normal(ref2.data(), ref2.size(), 14);
   }
-  pipeline::KleinKVRequest request(pipeline::RefMode mode, int steps) const {
-    pipeline::KleinKVRequest r;
-    r.batch = B;
-    r.text = text.data();
-    r.text_tokens = L;
-    r.noise = noise.data();
-    r.height = h;
-    r.width = w;
-    r.refs = {{ref1.data(), 4, 3}, {ref2.data(), 2, 5}};  // two references of different sizes
-    r.steps = steps;
-    r.mode = mode;
+  LoopRequest request(KVMode mode, int steps) const {
+    const int64_t C = cfg.in_channels;
+    LoopRequest r;
+    r.in.prompt.embeds = tensor(text, {B, L, cfg.joint_attention_dim});
+    r.in.noise = tensor(noise, {B, h * w, C});
+    r.in.height = h;
+    r.in.width = w;
+    // Two references of different sizes.
+    r.in.references = {{tensor(ref1, {B, 4 * 3, C}), 4, 3}, {tensor(ref2, {B, 2 * 5, C}), 2, 5}};
+    r.opts.steps = steps;
+    r.opts.mode = mode;
     return r;
   }
 };
@@ -92,22 +135,34 @@ struct Qwen21Fixture {
     fill_normal(cond.data(), cond.size(), 33);
     fill_normal(noise.data(), noise.size(), 34);
   }
-  pipeline::Qwen21Request request(bool cache, bool cfg, int steps, bool batch_cfg = true) const {
-    pipeline::Qwen21Request r;
-    r.batch = B;
-    const int64_t L = static_cast<int64_t>(slots.size());
-    r.prompt = {text.data(), L, slots.data(), valid.data()};
-    if (cfg) {
-      r.negative = {ntext.data(), L, nslots.data(), nullptr};
-      r.cfg_scale = 3.5f;
-      r.batch_cfg = batch_cfg;
+  LoopRequest request(bool cache, bool use_cfg, int steps, bool batch_cfg = true) const {
+    const int64_t L = static_cast<int64_t>(slots.size()), C = cfg.in_channels;
+    LoopRequest r;
+    std::vector<float> mask(valid.begin(), valid.end());
+    r.in.prompt = {tensor(text, {B, L, cfg.context_in_dim}), slots, tensor(mask, {B, L})};
+    if (use_cfg) {
+      r.in.negative = {tensor(ntext, {B, L, cfg.context_in_dim}), nslots, Tensor()};
+      r.in.cfg_scale = 3.5f;
+      r.opts.batch_cfg = batch_cfg;
     }
-    r.cond = cond.data();
-    r.cond_grids = conds;
-    r.noise = noise.data();
-    r.target = target;
-    r.steps = steps;
-    r.use_cache = cache;
+    // The conditions, each [B, h*w, C], cut from the per-batch concatenation.
+    int64_t n_cond = 0;
+    for (const auto& g : conds) n_cond += g.tokens();
+    for (int64_t i = 0, off = 0; i < static_cast<int64_t>(conds.size()); ++i) {
+      const qwen::Grid g = conds[static_cast<size_t>(i)];
+      std::vector<float> c;
+      for (int64_t b = 0; b < B; ++b) {
+        const float* p = cond.data() + (b * n_cond + off) * C;
+        c.insert(c.end(), p, p + g.tokens() * C);
+      }
+      r.in.references.push_back({tensor(c, {B, g.tokens(), C}), g.h, g.w});
+      off += g.tokens();
+    }
+    r.in.noise = tensor(noise, {B, target.tokens(), C});
+    r.in.height = target.h;
+    r.in.width = target.w;
+    r.opts.steps = steps;
+    r.opts.mode = cache ? KVMode::kCached : KVMode::kRecompute;
     return r;
   }
 };

@@ -37,12 +37,16 @@ void run_plain_case(const std::string& name) {
   Tensor out = Tensor::empty({hs.dim(0), hs.dim(1), m.config().out_features()});
   flux2::ForwardArgs a;
   a.batch = hs.dim(0);
-  a.img = hs.f32();
-  a.img_tokens = hs.dim(1);
-  a.img_ids = c.at("img_ids");
-  a.txt = enc.f32();
-  a.txt_tokens = enc.dim(1);
-  a.txt_ids = c.at("txt_ids");
+  a.segments = {{.kind = SegmentKind::kText,
+                 .name = "text",
+                 .rows = enc.f32(),
+                 .tokens = enc.dim(1),
+                 .ids = c.at("txt_ids")},
+                {.kind = SegmentKind::kTarget,
+                 .name = "target",
+                 .rows = hs.f32(),
+                 .tokens = hs.dim(1),
+                 .ids = c.at("img_ids")}};
   a.timestep = c.at("timestep");
   a.guidance = c.in.count("guidance") ? c.at("guidance") : nullptr;
   a.out = out.f32();
@@ -77,21 +81,35 @@ TEST(Flux2Golden, KleinKvExtractAndCached) {
   test::CaptureTracer tracer;
   ExecContext ctx{&arena, KernelPath::kFast, &tracer};
 
-  flux2::ForwardArgs a;
-  a.img_tokens = n;
-  a.img_ids = c.at("img_ids");
-  a.txt = enc.f32();
-  a.txt_tokens = enc.dim(1);
-  a.txt_ids = c.at("txt_ids");
-  a.out = out.f32();
+  // [text, target, reference]; the reference segment's route differs per call.
+  const SegmentInput text{.kind = SegmentKind::kText,
+                          .name = "text",
+                          .rows = enc.f32(),
+                          .tokens = enc.dim(1),
+                          .ids = c.at("txt_ids")};
+  SegmentInput reference{.kind = SegmentKind::kReference,
+                         .name = "ref 1",
+                         .rows = ref.f32(),
+                         .tokens = r,
+                         .ids = c.at("ref_ids"),
+                         .time = {.fixed = true, .timestep = 0.0f}};
+  auto call = [&](const char* img, const char* timestep, SegmentKV ref_kv) {
+    flux2::ForwardArgs a;
+    reference.kv = ref_kv;
+    a.segments = {text,
+                  {.kind = SegmentKind::kTarget,
+                   .name = "target",
+                   .rows = c.at(img),
+                   .tokens = n,
+                   .ids = c.at("img_ids")},
+                  reference};
+    a.timestep = c.at(timestep);
+    a.out = out.f32();
+    return a;
+  };
 
-  flux2::ForwardArgs extract = a;
-  extract.img = c.at("hidden_states");
-  extract.timestep = c.at("timestep");
-  extract.ref = ref.f32();
-  extract.ref_tokens = r;
-  extract.ref_ids = c.at("ref_ids");
-  extract.ref_kv.store = &mem;
+  const flux2::ForwardArgs extract =
+      call("hidden_states", "timestep", {.route = KVRoute::kComputeAndStore, .store = &mem});
   tracer.prefix = "extract.";
   m.forward(ctx, extract);
   test::expect_matches_dump(tracer.got, c.dump, c.order, "extract.transformer", kF32Tol);
@@ -111,10 +129,8 @@ TEST(Flux2Golden, KleinKvExtractAndCached) {
     }
   }
 
-  flux2::ForwardArgs cached = a;
-  cached.img = c.at("hidden_states_cached");
-  cached.timestep = c.at("timestep_cached");
-  cached.ref_kv.memory = &mem;
+  const flux2::ForwardArgs cached =
+      call("hidden_states_cached", "timestep_cached", {.route = KVRoute::kSplice, .memory = &mem});
   tracer.prefix = "cached.";
   m.forward(ctx, cached);
   test::expect_matches_dump(tracer.got, c.dump, c.order, "cached.", kF32Tol);

@@ -5,7 +5,10 @@
 
 #include <chrono>
 #include <filesystem>
+#include <set>
 
+#include "cache/hooks.h"
+#include "cache/kv_memory.h"
 #include "core/parallel.h"
 #include "flowkv/flux2.h"
 #include "flowkv/inspect.h"
@@ -44,18 +47,25 @@ struct Inputs {
   flux2::ForwardArgs args(float* out, bool with_ref) const {
     flux2::ForwardArgs a;
     a.batch = b;
-    a.img = img.f32();
-    a.img_tokens = n;
-    a.img_ids = img_ids.f32();
-    a.txt = txt.f32();
-    a.txt_tokens = l;
-    a.txt_ids = txt_ids.f32();
-    a.timestep = t.f32();
+    a.segments = {{.kind = SegmentKind::kText,
+                   .name = "text",
+                   .rows = txt.f32(),
+                   .tokens = l,
+                   .ids = txt_ids.f32()},
+                  {.kind = SegmentKind::kTarget,
+                   .name = "target",
+                   .rows = img.f32(),
+                   .tokens = n,
+                   .ids = img_ids.f32()}};
     if (with_ref) {
-      a.ref = ref.f32();
-      a.ref_tokens = r;
-      a.ref_ids = ref_ids.f32();
+      a.segments.push_back({.kind = SegmentKind::kReference,
+                            .name = "ref 1",
+                            .rows = ref.f32(),
+                            .tokens = r,
+                            .ids = ref_ids.f32(),
+                            .time = {.fixed = true, .timestep = 0.0f}});
     }
+    a.timestep = t.f32();
     a.out = out;
     return a;
   }
@@ -211,6 +221,104 @@ TEST(Flux2Model, BflSingleFileLoadsLikeTheDiffusersFolder) {
   const auto x = run(a, in, KernelPath::kFast, false), y = run(b, in, KernelPath::kFast, false);
   EXPECT_TRUE(test::bit_equal(x.data(), y.data(), static_cast<int64_t>(x.size())));
   fs::remove(file);
+}
+
+// ---------------------------------------------------------------- lazy references
+
+// Step-cache hooks that follow a script: skip the blocks in `skip`, reuse the attention
+// sublayer of the blocks in `reuse_attn` (its output filled with a constant), run the rest.
+struct ScriptedHooks : cache::BlockHooks {
+  std::set<int> skip, reuse_attn;
+  cache::BlockAction before_block(int block, cache::Streams&) override {
+    return skip.count(block) ? cache::BlockAction::kSkip : cache::BlockAction::kRun;
+  }
+  bool reuse(int block, cache::Sublayer which) override {
+    return which == cache::Sublayer::kAttention && reuse_attn.count(block) > 0;
+  }
+  void fetch(int, cache::Sublayer, cache::Streams& out) override {
+    for (const cache::Stream& s : out.s) {
+      for (int64_t b = 0; b < out.batch; ++b) {
+        for (int64_t t = 0; t < s.seq; ++t) std::fill_n(s.x.row(s.row(b) + t), s.x.cols, 0.01f);
+      }
+    }
+  }
+};
+
+struct NameTracer : Tracer {
+  std::vector<std::string> names;
+  void record(std::string_view name, const Tensor&) override { names.emplace_back(name); }
+  bool has_prefix(const std::string& p) const {
+    return std::any_of(names.begin(), names.end(),
+                       [&](const std::string& n) { return n.rfind(p, 0) == 0; });
+  }
+};
+
+struct Traced {
+  std::vector<float> out;
+  Profile profile;
+  NameTracer tracer;
+};
+
+// One forward with `hooks`; the reference segment (when `ref`) travels by `ref_kv`.
+Traced traced(const flux2::Model& m, const Inputs& in, cache::BlockHooks* hooks, bool ref,
+              SegmentKV ref_kv = {}) {
+  Traced t;
+  t.out.resize(static_cast<size_t>(in.b * in.n * m.config().out_features()));
+  flux2::ForwardArgs a = in.args(t.out.data(), ref);
+  if (ref) a.segments.back().kv = ref_kv;
+  a.hooks = hooks;
+  Arena arena;
+  m.forward({&arena, KernelPath::kFast, &t.tracer, &t.profile}, a);
+  return t;
+}
+
+// A call whose blocks are all skipped (TaylorSeer forecasting a whole call, FBCache after its
+// first block) reads no reference K/V, so it computes nothing of the references: the same work
+// and the same output as the call without them. A call that reads them starts them.
+TEST(Flux2Model, CallWithEveryBlockSkippedComputesNoReferenceWork) {
+  const flux2::Model m = builtin_model("tiny", DType::kF32, DType::kF32);
+  const Inputs in(m.config());
+  ScriptedHooks all;
+  for (int i = 0; i < m.config().num_blocks(); ++i) all.skip.insert(i);
+  const Traced with = traced(m, in, &all, true), without = traced(m, in, &all, false);
+  EXPECT_TRUE(test::bit_equal(with.out.data(), without.out.data(), int64_t(with.out.size())));
+  EXPECT_EQ(with.profile.linear.calls, without.profile.linear.calls);
+  EXPECT_EQ(with.profile.linear.flops, without.profile.linear.flops);
+  EXPECT_EQ(with.profile.attention.calls, without.profile.attention.calls);
+  EXPECT_FALSE(with.tracer.has_prefix("ref_"));  // ref_temb, ref_double_stream_mod_img, ...
+  EXPECT_TRUE(traced(m, in, nullptr, true).tracer.has_prefix("ref_temb"));
+}
+
+// References advanced lazily (a block of theirs only when a text/target block reads it, the
+// skipped ones caught up in order) give the bits of references computed in every block (as
+// when their K/V are stored), for every kind of gap: a skipped block, a reused attention, a
+// catch-up across the double/single boundary, blocks never read at the end.
+TEST(Flux2Model, LazyReferencesAreBitIdenticalToEveryBlock) {
+  const flux2::Model m = builtin_model("tiny", DType::kF32, DType::kF32);
+  const Inputs in(m.config());
+  ASSERT_EQ(m.config().num_blocks(), 3);  // 1 double, 2 single blocks
+  const std::vector<std::pair<std::set<int>, std::set<int>>> scripts = {
+      {{}, {}}, {{0}, {1}}, {{1, 2}, {}}, {{1}, {0}}, {{0, 1}, {}}, {{}, {0, 1, 2}}};
+  for (const auto& [skip, reuse] : scripts) {
+    ScriptedHooks h;
+    h.skip = skip, h.reuse_attn = reuse;
+    KVMemory mem(m.kv_layers(), in.b, in.r, m.kv_width(), m.kv_dtype());
+    const Traced every =
+        traced(m, in, &h, true, {.route = KVRoute::kComputeAndStore, .store = &mem});
+    const Traced lazy = traced(m, in, &h, true);
+    const std::string what =
+        "skip " + std::to_string(skip.size()) + ", reuse " + std::to_string(reuse.size());
+    EXPECT_TRUE(test::bit_equal(every.out.data(), lazy.out.data(), int64_t(lazy.out.size())))
+        << what;
+    EXPECT_TRUE(mem.complete()) << what;
+    // Blocks after the last one that reads the references cost nothing.
+    const bool last_read = !skip.count(2) && !reuse.count(2);
+    if (last_read) {
+      EXPECT_EQ(lazy.profile.linear.flops, every.profile.linear.flops) << what;
+    } else {
+      EXPECT_LT(lazy.profile.linear.flops, every.profile.linear.flops) << what;
+    }
+  }
 }
 
 // A Klein 9B-shaped sharded folder of bf16 tensors whose data are holes of sparse files:

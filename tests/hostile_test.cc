@@ -12,8 +12,8 @@
 
 #include "flowkv/flux2.h"
 #include "flowkv/inspect.h"
-#include "flowkv/klein_kv.h"
 #include "flowkv/limits.h"
+#include "flowkv/model.h"
 #include "flowkv/runtime.h"
 #include "flowkv/step_cache.h"
 #include "io/checkpoint.h"
@@ -202,22 +202,22 @@ TEST(HostileCallers, RequestsBeyondTheLimitsAreRefusedBeforeAllocating) {
   const Flux2Transformer m = Flux2Transformer::builtin("tiny");
   DenoiseInputs in;
   in.height = in.width = 2;
-  in.text = Tensor::zeros({1, 2, m.text_channels()});
+  in.prompt.embeds = Tensor::zeros({1, 2, m.text_channels()});
   in.noise = Tensor::zeros({1, 4, m.in_channels()});
   const Tensor ref = Tensor::zeros({1, 1, m.in_channels()});
   for (int64_t i = 0; i <= limits::kMaxReferences; ++i) in.references.push_back({ref, 1, 1});
-  expect_error([&] { denoise_klein_kv(m, in, {}); }, {"reference", "at most"});
+  expect_error([&] { denoise(m, in, {}); }, {"reference", "at most"});
   in.references.clear();
   DenoiseOptions too_many_steps;
   too_many_steps.steps = limits::kMaxSteps + 1;
-  expect_error([&] { denoise_klein_kv(m, in, too_many_steps); }, {"steps"});
+  expect_error([&] { denoise(m, in, too_many_steps); }, {"steps"});
   // A grid whose product overflows, given with a tensor that cannot match it.
   in.height = in.width = int64_t{1} << 32;
-  expect_error([&] { denoise_klein_kv(m, in, {}); }, {"grid"});
+  expect_error([&] { denoise(m, in, {}); }, {"grid"});
   // Activations past the budget: refused with the figures, before the run.
   in.height = in.width = 2;
   set_memory_budget(1 << 10);
-  expect_error([&] { denoise_klein_kv(m, in, {}); }, {"activations", "memory budget"});
+  expect_error([&] { denoise(m, in, {}); }, {"activations", "memory budget"});
   set_memory_budget(0);
   expect_error([] { set_threads(limits::kMaxThreads + 1); }, {"threads"});
 }

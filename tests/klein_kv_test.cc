@@ -7,21 +7,20 @@
 #include <cmath>
 
 #include "cost/cost_model.h"
+#include "families/flux2.h"
 #include "fixtures.h"
 #include "flowkv/error.h"
 #include "golden_util.h"
 #include "models/flux2/builtin.h"
 #include "models/flux2/layout.h"
 #include "models/flux2/model.h"
-#include "pipeline/klein_kv.h"
 #include "sched/flow_match.h"
 #include "segments/layout.h"
 
 namespace flowkv {
 namespace {
 
-using pipeline::KleinKVRequest;
-using pipeline::RefMode;
+using test::LoopRequest;
 
 // ---------------------------------------------------------------- scheduler (spec §5.6-5.8)
 
@@ -66,32 +65,33 @@ TEST(KleinKvPipeline, TwoStepDenoiseMatchesDiffusers) {
   o.auto_dtype = false;
   const flux2::Model m = flux2::Model::load(dir + "/transformer", o);
 
-  KleinKVRequest r;
-  r.text = in.at("prompt_embeds").f32();
-  r.text_tokens = in.at("prompt_embeds").dim(1);
-  r.noise = in.at("latents").f32();
-  r.height = r.width = 4;
+  const int64_t C = m.config().in_channels;
+  LoopRequest r;
+  r.in.prompt.embeds = in.at("prompt_embeds");
+  r.in.noise = in.at("latents");
+  r.in.height = r.in.width = 4;
   const float* ref = in.at("ref_latents").f32();
   int64_t off = 0;
   for (const Json& g : meta.at("ref_grids_hw")) {
     const int64_t h = g[0].get<int64_t>(), w = g[1].get<int64_t>();
-    r.refs.push_back({ref + off * m.config().in_channels, h, w});
+    const std::vector<float> v(ref + off * C, ref + (off + h * w) * C);
+    r.in.references.push_back({Tensor::from_vector(v, {1, h * w, C}), h, w});
     off += h * w;
   }
-  r.steps = meta.at("num_inference_steps").get<int>();
+  r.opts.steps = meta.at("num_inference_steps").get<int>();
   std::map<std::string, Tensor> got;
-  r.observe = [&](int k, const float* v, const float* x) {
+  r.observe = [&](int k, const float* v, const float*, const float*, const float* x) {
     const std::string p = "step." + std::to_string(k) + ".";
     got[p + "model_output"] = Tensor::from_vector(std::vector<float>(v, v + 64), {1, 16, 4});
     got[p + "latents"] = Tensor::from_vector(std::vector<float>(x, x + 64), {1, 16, 4});
   };
   Arena arena;
-  const auto res = pipeline::run_klein_kv({&arena}, m, r);
+  const auto res = test::run(arena, m, r);
   EXPECT_NEAR(res.mu, meta.at("mu").get<double>(), 1e-12);
   const Tensor& sig = dump.at("sigmas");
   ASSERT_EQ(sig.numel(), static_cast<int64_t>(res.schedule.sigmas.size()));
   for (int64_t i = 0; i < sig.numel(); ++i) EXPECT_EQ(res.schedule.sigmas[i], sig.f32()[i]) << i;
-  for (int k = 0; k < r.steps; ++k) {
+  for (int k = 0; k < r.opts.steps; ++k) {
     EXPECT_EQ(dump.at("timesteps").f32()[k], res.schedule.timesteps[k]);
     const float t = sched::model_timestep(res.schedule.timesteps[k], false);
     got["step." + std::to_string(k) + ".timestep"] = Tensor::from_vector({t}, {1});
@@ -106,9 +106,8 @@ using Fixture = test::KleinFixture;
 void expect_cached_equals_recompute(DType dtype) {
   const Fixture f(dtype);
   Arena arena;
-  const auto cached = pipeline::run_klein_kv({&arena}, f.model, f.request(RefMode::kCached, 6));
-  const auto recompute =
-      pipeline::run_klein_kv({&arena}, f.model, f.request(RefMode::kRecompute, 6));
+  const auto cached = test::run(arena, f.model, f.request(KVMode::kCached, 6));
+  const auto recompute = test::run(arena, f.model, f.request(KVMode::kRecompute, 6));
   ASSERT_EQ(cached.latents.size(), recompute.latents.size());
   EXPECT_TRUE(test::bit_equal(cached.latents.data(), recompute.latents.data(),
                               static_cast<int64_t>(cached.latents.size())))
@@ -145,17 +144,26 @@ TEST(KleinKvExactness, ReferenceKvHasZeroDriftAndNoAliasing) {
       flux2::fill_normal(x.data(), x.size(), seed);
       flux2::ForwardArgs a;
       a.batch = f.B;
-      a.img = x.data();
-      a.img_tokens = N;
-      a.img_ids = img_ids.data();
-      a.txt = f.text.data();
-      a.txt_tokens = f.L;
-      a.txt_ids = txt_ids.data();
+      a.segments = {
+          {.kind = SegmentKind::kText,
+           .name = "text",
+           .rows = f.text.data(),
+           .tokens = f.L,
+           .ids = txt_ids.data()},
+          {.kind = SegmentKind::kReference,
+           .name = "refs",
+           .rows = refs.data(),
+           .tokens = R,
+           .ids = ids.data(),
+           .time = {.fixed = true, .timestep = 0.0f},
+           .kv = {.route = KVRoute::kComputeAndStore, .store = mem.get()}},
+          {.kind = SegmentKind::kTarget,
+           .name = "target",
+           .rows = x.data(),
+           .tokens = N,
+           .ids = img_ids.data()},
+      };
       a.timestep = ts.data();
-      a.ref = refs.data();
-      a.ref_tokens = R;
-      a.ref_ids = ids.data();
-      a.ref_kv.store = mem.get();
       a.out = out.data();
       Arena arena;
       m.forward({&arena}, a);
@@ -185,10 +193,10 @@ TEST(KleinKvExactness, ReferenceKvHasZeroDriftAndNoAliasing) {
 TEST(KleinKvExactness, WorkspaceStopsGrowingAfterThePrefillStep) {
   const Fixture f(DType::kF32);
   Arena arena;
-  KleinKVRequest r = f.request(RefMode::kCached, 5);
+  LoopRequest r = f.request(KVMode::kCached, 5);
   std::vector<int64_t> grows;
-  r.on_step = [&](int, int) { grows.push_back(arena.grow_count()); };
-  (void)pipeline::run_klein_kv({&arena}, f.model, r);
+  r.opts.on_step = [&](int, int) { grows.push_back(arena.grow_count()); };
+  (void)test::run(arena, f.model, r);
   ASSERT_EQ(grows.size(), 5u);
   for (size_t i = 1; i < grows.size(); ++i) EXPECT_EQ(grows[i], grows[0]) << "grew at step " << i;
 }
@@ -206,11 +214,11 @@ TEST(KleinKvRules, OnlyReferencesAreCacheable) {
 
 TEST(KleinKvRules, CachingTextExactlyIsRefusedNamingTheRules) {
   const Fixture f(DType::kF32);
-  KleinKVRequest r = f.request(RefMode::kCached, 3);
-  r.cache_text = true;
+  LoopRequest r = f.request(KVMode::kCached, 3);
+  r.opts.cache_text = true;
   Arena arena;
   try {
-    (void)pipeline::run_klein_kv({&arena}, f.model, r);
+    (void)test::run(arena, f.model, r);
     ADD_FAILURE() << "text was cached exactly";
   } catch (const Error& e) {
     const std::string msg = e.what();
@@ -220,11 +228,11 @@ TEST(KleinKvRules, CachingTextExactlyIsRefusedNamingTheRules) {
     EXPECT_NE(msg.find("text-kv-approx"), std::string::npos) << msg;
   }
   // The named approximation is allowed, marked approximate, and really differs.
-  r.cache_text = false;
-  r.text_kv_approx = true;
-  const auto approx = pipeline::run_klein_kv({&arena}, f.model, r);
-  EXPECT_TRUE(approx.plan.approximate);
-  const auto exact = pipeline::run_klein_kv({&arena}, f.model, f.request(RefMode::kCached, 3));
+  r.opts.cache_text = false;
+  r.opts.text_kv_approx = true;
+  const auto approx = test::run(arena, f.model, r);
+  EXPECT_TRUE(approx.approximate);
+  const auto exact = test::run(arena, f.model, f.request(KVMode::kCached, 3));
   EXPECT_GT(
       test::compare(approx.latents.data(), exact.latents.data(), exact.latents.size()).max_abs,
       1e-4);
@@ -232,15 +240,15 @@ TEST(KleinKvRules, CachingTextExactlyIsRefusedNamingTheRules) {
 
 TEST(KleinKvRules, BudgetTooSmallIsRefusedBeforeTheRun) {
   const Fixture f(DType::kF32);
-  KleinKVRequest r = f.request(RefMode::kCached, 3);
-  const int64_t need = pipeline::planned_kv_bytes(f.model, r);
+  LoopRequest r = f.request(KVMode::kCached, 3);
+  const int64_t need = test::planned_kv_bytes(f.model, r);
   EXPECT_EQ(need, 2 * f.model.kv_layers() * f.B * 22 * f.model.kv_width() * 4);
-  r.kv_budget_bytes = need - 1;
+  r.opts.kv_budget_bytes = need - 1;
   int steps_run = 0;
-  r.on_step = [&](int, int) { ++steps_run; };
+  r.opts.on_step = [&](int, int) { ++steps_run; };
   Arena arena;
   try {
-    (void)pipeline::run_klein_kv({&arena}, f.model, r);
+    (void)test::run(arena, f.model, r);
     ADD_FAILURE() << "over budget but ran";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find(std::to_string(need) + " bytes"), std::string::npos)
@@ -249,8 +257,8 @@ TEST(KleinKvRules, BudgetTooSmallIsRefusedBeforeTheRun) {
     EXPECT_EQ(std::string(e.what()).find("--"), std::string::npos) << e.what();
   }
   EXPECT_EQ(steps_run, 0);
-  r.kv_budget_bytes = need;
-  EXPECT_EQ(pipeline::run_klein_kv({&arena}, f.model, r).kv_bytes, need);
+  r.opts.kv_budget_bytes = need;
+  EXPECT_EQ(test::run(arena, f.model, r).kv_bytes, need);
 }
 
 // ---------------------------------------------------------------- cost model

@@ -3,20 +3,25 @@
 // budget, and the published cost figures.
 #include <gtest/gtest.h>
 
+#include <set>
+
+#include "api/qwen21_impl.h"
+#include "cache/hooks.h"
+#include "cache/kv_memory.h"
 #include "cost/cost_model.h"
 #include "fixtures.h"
 #include "flowkv/error.h"
+#include "flowkv/qwen_image.h"
 #include "golden_util.h"
 #include "models/common/random_weights.h"
 #include "models/qwen_image/builtin.h"
 #include "models/qwen_image/model21.h"
-#include "pipeline/qwen21.h"
 #include "segments/layout.h"
 
 namespace flowkv {
 namespace {
 
-using pipeline::Qwen21Request;
+using test::LoopRequest;
 
 std::vector<uint8_t> bytes_of(const Tensor& t) {
   std::vector<uint8_t> v;
@@ -34,38 +39,41 @@ void run_pipeline_case(const std::string& name, bool cfg) {
   qwen::LoadOptions21 o;
   o.auto_dtype = false;
   const qwen::Model21 m = qwen::Model21::load(test::golden("qwen_image21/refs/transformer"), o);
-  Qwen21Request r;
-  const std::vector<uint8_t> slots = bytes_of(in.at("image_pad_mask")),
-                             valid = bytes_of(in.at("prompt_embeds_mask"));
-  r.prompt = {in.at("prompt_embeds").f32(), in.at("prompt_embeds").dim(1), slots.data(),
-              valid.data()};
-  std::vector<uint8_t> nslots, nvalid;
+  LoopRequest r;
+  r.in.prompt = {in.at("prompt_embeds"), bytes_of(in.at("image_pad_mask")),
+                 in.at("prompt_embeds_mask")};
   if (cfg) {
-    nslots = bytes_of(in.at("negative_image_pad_mask"));
-    nvalid = bytes_of(in.at("negative_prompt_embeds_mask"));
-    r.negative = {in.at("negative_prompt_embeds").f32(), in.at("negative_prompt_embeds").dim(1),
-                  nslots.data(), nvalid.data()};
-    r.cfg_scale = meta.at("true_cfg_scale").get<float>();
+    r.in.negative = {in.at("negative_prompt_embeds"), bytes_of(in.at("negative_image_pad_mask")),
+                     in.at("negative_prompt_embeds_mask")};
+    r.in.cfg_scale = meta.at("true_cfg_scale").get<float>();
   }
   const Tensor& shapes = in.at("img_shapes");
-  for (int64_t i = 0; i + 1 < shapes.dim(0); ++i) {
-    r.cond_grids.push_back({static_cast<int64_t>(shapes.f32()[i * 3 + 1]),
-                            static_cast<int64_t>(shapes.f32()[i * 3 + 2])});
+  const Tensor& cond = in.at("cond_latents");
+  const int64_t C = m.config().in_channels;
+  for (int64_t i = 0, off = 0; i + 1 < shapes.dim(0); ++i) {
+    const int64_t h = static_cast<int64_t>(shapes.f32()[i * 3 + 1]),
+                  w = static_cast<int64_t>(shapes.f32()[i * 3 + 2]);
+    const std::vector<float> v(cond.f32() + off * C, cond.f32() + (off + h * w) * C);
+    r.in.references.push_back({Tensor::from_vector(v, {1, h * w, C}), h, w});
+    off += h * w;
   }
   const int64_t last = shapes.dim(0) - 1;
-  r.target = {static_cast<int64_t>(shapes.f32()[last * 3 + 1]),
-              static_cast<int64_t>(shapes.f32()[last * 3 + 2])};
-  r.cond = in.at("cond_latents").f32();
-  r.noise = in.at("latents").f32();
+  const qwen::Grid target{static_cast<int64_t>(shapes.f32()[last * 3 + 1]),
+                          static_cast<int64_t>(shapes.f32()[last * 3 + 2])};
+  r.in.height = target.h;
+  r.in.width = target.w;
+  r.in.noise = in.at("latents");
   const auto cfg_json = meta.at("scheduler_config");
-  r.scheduler.use_dynamic_shifting = cfg_json.at("use_dynamic_shifting").get<bool>();
-  r.scheduler.shift = cfg_json.at("shift").get<double>();
-  r.scheduler.shift_terminal =
+  sched::FlowMatchConfig scheduler = sched::qwen_image_scheduler_config();
+  scheduler.use_dynamic_shifting = cfg_json.at("use_dynamic_shifting").get<bool>();
+  scheduler.shift = cfg_json.at("shift").get<double>();
+  scheduler.shift_terminal =
       cfg_json.at("shift_terminal").is_null() ? 0.0 : cfg_json.at("shift_terminal").get<double>();
-  r.sigmas = meta.at("sigmas_passed").get<std::vector<double>>();
+  r.opts.sigmas = meta.at("sigmas_passed").get<std::vector<double>>();
+  r.opts.steps = static_cast<int>(r.opts.sigmas.size());
   std::map<std::string, Tensor> got;
-  const int64_t n = r.target.tokens() * m.config().in_channels;
-  const Shape shape{1, r.target.tokens(), m.config().in_channels};
+  const int64_t n = target.tokens() * m.config().in_channels;
+  const Shape shape{1, target.tokens(), m.config().in_channels};
   r.observe = [&](int k, const float* c, const float* u, const float* v, const float* x) {
     const std::string p = "step." + std::to_string(k) + ".";
     if (u) {
@@ -76,7 +84,10 @@ void run_pipeline_case(const std::string& name, bool cfg) {
     got[p + "latents"] = Tensor::from_vector(std::vector<float>(x, x + n), shape);
   };
   Arena arena;
-  const auto res = pipeline::run_qwen21({&arena}, m, r);
+  pipeline::LoopOptions loop = r.loop();
+  loop.scheduler = scheduler;
+  const auto res =
+      pipeline::run_denoise({&arena}, *families::qwen21_adapter(m, r.in, r.opts), loop);
   EXPECT_NEAR(res.mu, meta.at("mu").get<double>(), 1e-12);
   EXPECT_EQ(res.cfg, cfg);
   for (int64_t i = 0; i < dump.at("sigmas").numel(); ++i)
@@ -103,9 +114,8 @@ using Fixture = test::Qwen21Fixture;
 void expect_bit_exact(DType dt, int refs, bool cfg, bool batch_cfg) {
   const Fixture f(dt, refs);
   Arena arena;
-  const auto cached = pipeline::run_qwen21({&arena}, f.model, f.request(true, cfg, 6, batch_cfg));
-  const auto uncached =
-      pipeline::run_qwen21({&arena}, f.model, f.request(false, cfg, 6, batch_cfg));
+  const auto cached = test::run(arena, f.model, f.request(true, cfg, 6, batch_cfg));
+  const auto uncached = test::run(arena, f.model, f.request(false, cfg, 6, batch_cfg));
   EXPECT_GT(cached.kv_bytes, 0);
   EXPECT_EQ(uncached.kv_bytes, 0);
   EXPECT_EQ(cached.batched_cfg, cfg && batch_cfg);
@@ -129,11 +139,11 @@ TEST(Qwen21Exactness, CachedEqualsUncachedWithCfgBatchedAndSeparate) {
 TEST(Qwen21Exactness, BranchesKeepSeparateCaches) {
   // CFG doubles the cache: one per branch, each holding its own prompt's prefix.
   const Fixture f(DType::kF32, 1);
-  const int64_t one = pipeline::planned_kv_bytes(f.model, f.request(true, false, 3));
-  const int64_t two = pipeline::planned_kv_bytes(f.model, f.request(true, true, 3));
+  const int64_t one = test::planned_kv_bytes(f.model, f.request(true, false, 3));
+  const int64_t two = test::planned_kv_bytes(f.model, f.request(true, true, 3));
   EXPECT_EQ(two, 2 * one);
   Arena arena;
-  EXPECT_EQ(pipeline::run_qwen21({&arena}, f.model, f.request(true, true, 2, false)).kv_bytes, two);
+  EXPECT_EQ(test::run(arena, f.model, f.request(true, true, 2, false)).kv_bytes, two);
 }
 
 // ---------------------------------------------------------------- rules, budget, cost
@@ -153,14 +163,14 @@ TEST(Qwen21Rules, PrefixIsCacheableOnlyUnderCausalCondition) {
 
 TEST(Qwen21Rules, BudgetTooSmallIsRefusedBeforeTheRun) {
   const Fixture f(DType::kF32, 2);
-  Qwen21Request r = f.request(true, true, 3);
-  const int64_t need = pipeline::planned_kv_bytes(f.model, r);
-  r.kv_budget_bytes = need - 1;
+  LoopRequest r = f.request(true, true, 3);
+  const int64_t need = test::planned_kv_bytes(f.model, r);
+  r.opts.kv_budget_bytes = need - 1;
   int steps = 0;
-  r.on_step = [&](int, int) { ++steps; };
+  r.opts.on_step = [&](int, int) { ++steps; };
   Arena arena;
   try {
-    (void)pipeline::run_qwen21({&arena}, f.model, r);
+    (void)test::run(arena, f.model, r);
     ADD_FAILURE();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find(std::to_string(need) + " bytes"), std::string::npos)
@@ -179,6 +189,174 @@ TEST(Qwen21Cost, ReproducesThePublishedPrefixPayload) {
   EXPECT_NEAR(cost::kv_payload_bytes(shape, 4246) / gib, 2.073, 2.073e-3);
   EXPECT_NEAR(cost::kv_payload_bytes(shape, 4246, 2) / gib, 4.146, 4.146e-3);
   EXPECT_EQ(54 * 78 + 34, 4246);
+}
+
+// ---------------------------------------------------------------- the forward
+
+// The fixture's sequence as the model takes it: [text, conditions..., target], the prefix (text
+// and conditions: one memory) travelling by `prefix`.
+qwen::Args21 args_of(const Fixture& f, const qwen::Model21& m, const float* timestep, float* out,
+                     SegmentKV prefix = {}) {
+  qwen::Args21 a;
+  a.batch = f.B;
+  const int64_t L = static_cast<int64_t>(f.slots.size()), C = f.cfg.in_channels;
+  a.segments.push_back({.kind = SegmentKind::kText,
+                        .name = "text",
+                        .rows = f.text.data(),
+                        .tokens = L,
+                        .slots = f.slots.data(),
+                        .valid = f.valid.data(),
+                        .time = m.prefix_time(),
+                        .kv = prefix});
+  int64_t n_cond = 0, off = 0;
+  for (const auto& g : f.conds) n_cond += g.tokens();
+  for (size_t i = 0; i < f.conds.size(); ++i) {
+    a.segments.push_back({.kind = SegmentKind::kReference,
+                          .name = "condition " + std::to_string(i + 1),
+                          .rows = f.cond.data() + off * C,
+                          .tokens = f.conds[i].tokens(),
+                          .batch_rows = n_cond,
+                          .grid = f.conds[i],
+                          .time = m.prefix_time(),
+                          .kv = {.route = prefix.route}});
+    off += f.conds[i].tokens();
+  }
+  a.segments.push_back({.kind = SegmentKind::kTarget,
+                        .name = "target",
+                        .rows = f.noise.data(),
+                        .tokens = f.target.tokens(),
+                        .grid = f.target});
+  a.timestep = timestep;
+  a.out = out;
+  return a;
+}
+
+// The same sequence as the public call takes it.
+Qwen21Call call_of(const Fixture& f, const Tensor& timestep) {
+  const LoopRequest r = f.request(false, false, 1);
+  Qwen21Call call;
+  call.img = r.in.noise;
+  call.height = r.in.height, call.width = r.in.width;
+  call.txt = r.in.prompt.embeds;
+  call.txt_slots = r.in.prompt.slots;
+  call.txt_mask = r.in.prompt.mask;
+  call.conditions = r.in.references;
+  call.timestep = timestep;
+  return call;
+}
+
+TEST(Qwen21Forward, PublicForwardEqualsTheModelForwardBitForBit) {
+  const Fixture f(DType::kF32, 2);
+  const QwenImage21Transformer t = QwenImage21Transformer::builtin("qwen21-tiny", 3, "f32");
+  const qwen::Model21& m = t.impl().model;
+  const Tensor ts = Tensor::from_vector({0.7f, 0.4f}, {2});
+  ForwardProfile profile;
+  const Tensor got = t.forward(call_of(f, ts), &profile);
+  ASSERT_EQ(got.shape(), (Shape{f.B, f.target.tokens(), m.config().out_features()}));
+  EXPECT_GT(profile.linear_flops, 0);
+  std::vector<float> want(static_cast<size_t>(got.numel()));
+  Arena arena;
+  m.forward({&arena}, args_of(f, m, ts.f32(), want.data()));
+  EXPECT_TRUE(test::bit_equal(got.f32(), want.data(), got.numel()));
+}
+
+TEST(Qwen21Forward, BadShapesAreNamed) {
+  const Fixture f(DType::kF32, 1);
+  const QwenImage21Transformer t = QwenImage21Transformer::builtin("qwen21-tiny", 3, "f32");
+  const Tensor ts = Tensor::from_vector({0.7f, 0.4f}, {2});
+  auto expect_error = [&](const std::function<void(Qwen21Call&)>& spoil, const std::string& what) {
+    Qwen21Call call = call_of(f, ts);
+    spoil(call);
+    try {
+      (void)t.forward(call);
+      ADD_FAILURE() << "accepted: " << what;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  const int64_t C = f.cfg.in_channels;
+  expect_error([&](Qwen21Call& c) { c.img = Tensor::zeros({2, 24, C + 1}); }, "img is");
+  expect_error([&](Qwen21Call& c) { c.width = 5; }, "img is");
+  expect_error([&](Qwen21Call& c) { c.height = 0; }, "target grid");
+  expect_error(
+      [&](Qwen21Call& c) {
+        c.txt = Tensor::zeros({1, 9, f.cfg.context_in_dim});
+      },
+      "txt is");
+  expect_error([&](Qwen21Call& c) { c.txt_slots.pop_back(); }, "txt_slots");
+  expect_error([&](Qwen21Call& c) { c.txt_mask = Tensor::zeros({2, 3}); }, "txt_mask");
+  expect_error(
+      [&](Qwen21Call& c) {
+        c.conditions[0].latents = Tensor::zeros({2, 8, C - 1});
+      },
+      "conditions[0]");
+  expect_error([&](Qwen21Call& c) { c.timestep = Tensor::from_vector({0.5f}, {1}); }, "timestep");
+  expect_error([&](Qwen21Call& c) { c.timestep = Tensor(); }, "timestep");
+  // Slots that do not fit the condition images: the layout names both counts.
+  expect_error([&](Qwen21Call& c) { c.conditions.clear(); }, "image slots");
+}
+
+// ---------------------------------------------------------------- the lazy prefix
+
+// Step-cache hooks that follow a script: skip the blocks in `skip`, reuse the attention
+// sublayer of the blocks in `reuse_attn` (its output filled with a constant), run the rest.
+struct ScriptedHooks : cache::BlockHooks {
+  std::set<int> skip, reuse_attn;
+  cache::BlockAction before_block(int block, cache::Streams&) override {
+    return skip.count(block) ? cache::BlockAction::kSkip : cache::BlockAction::kRun;
+  }
+  bool reuse(int block, cache::Sublayer which) override {
+    return which == cache::Sublayer::kAttention && reuse_attn.count(block) > 0;
+  }
+  void fetch(int, cache::Sublayer, cache::Streams& out) override {
+    for (const cache::Stream& s : out.s) {
+      for (int64_t b = 0; b < out.batch; ++b) {
+        for (int64_t t = 0; t < s.seq; ++t) std::fill_n(s.x.row(s.row(b) + t), s.x.cols, 0.01f);
+      }
+    }
+  }
+};
+
+// The prefix is computed only where a target block reads it (or its K/V are stored): a call
+// with every block skipped does the work of the call that splices the prefix from memory, and
+// partly skipped calls give the bits of the prefix computed in every block.
+TEST(Qwen21Forward, PrefixIsComputedOnlyWhereTheTargetReadsIt) {
+  const Fixture f(DType::kF32, 2);
+  const qwen::Model21& m = f.model;
+  const int64_t P =
+      qwen::build_layout21(static_cast<int64_t>(f.slots.size()), f.slots.data(), f.conds, f.target)
+          .P;
+  const std::vector<float> ts = {0.7f, 0.4f};
+  const size_t n = static_cast<size_t>(f.B * f.target.tokens() * m.config().out_features());
+  auto run = [&](cache::BlockHooks* hooks, SegmentKV prefix, Profile* profile) {
+    std::vector<float> out(n);
+    qwen::Args21 a = args_of(f, m, ts.data(), out.data(), prefix);
+    a.hooks = hooks;
+    Arena arena;
+    m.forward({&arena, KernelPath::kFast, nullptr, profile}, a);
+    return out;
+  };
+  KVMemory mem(m.kv_layers(), f.B, P, m.kv_width(), m.kv_dtype());
+  (void)run(nullptr, {.route = KVRoute::kComputeAndStore, .store = &mem}, nullptr);
+  ScriptedHooks all;
+  all.skip = {0, 1};
+  Profile live, spliced;
+  const auto a = run(&all, {}, &live);
+  const auto b = run(&all, {.route = KVRoute::kSplice, .memory = &mem}, &spliced);
+  EXPECT_TRUE(test::bit_equal(a.data(), b.data(), static_cast<int64_t>(n)));
+  EXPECT_EQ(live.linear.flops, spliced.linear.flops);
+  EXPECT_EQ(live.attention.calls, spliced.attention.calls);
+  const std::vector<std::pair<std::set<int>, std::set<int>>> scripts = {
+      {{0}, {}}, {{1}, {}}, {{}, {0}}, {{}, {1}}, {{0}, {1}}};
+  for (const auto& [skip, reuse] : scripts) {
+    ScriptedHooks h;
+    h.skip = skip, h.reuse_attn = reuse;
+    KVMemory every_mem(m.kv_layers(), f.B, P, m.kv_width(), m.kv_dtype());
+    const auto every = run(&h, {.route = KVRoute::kComputeAndStore, .store = &every_mem}, nullptr);
+    const auto lazy = run(&h, {}, nullptr);
+    EXPECT_TRUE(test::bit_equal(every.data(), lazy.data(), static_cast<int64_t>(n)))
+        << "skip " << skip.size() << " reuse " << reuse.size();
+  }
 }
 
 }  // namespace

@@ -21,7 +21,7 @@ using Case = test::GoldenCase;
 // The inputs of a diffusers 2.1 call split the way flowkv takes them: condition latents and
 // target latents apart, the slot mask of the text rows, the prompt mask as bytes.
 struct Inputs21 {
-  int64_t B = 0, L = 0, T = 0, n_cond = 0;
+  int64_t B = 0, L = 0, T = 0, n_cond = 0, channels = 0;
   std::vector<uint8_t> slots, valid;
   std::vector<qwen::Grid> cond_grids;
   qwen::Grid target;
@@ -48,23 +48,45 @@ struct Inputs21 {
       for (int64_t i = 0; i < m.numel(); ++i) valid.push_back(m.f32()[i] != 0);
     }
     const int64_t C = hs.dim(2), N = hs.dim(1);
+    channels = C;
     for (int64_t b = 0; b < B; ++b) {
       const float* row = hs.f32() + b * N * C;
       cond.insert(cond.end(), row, row + n_cond * C);
       tgt.insert(tgt.end(), row + n_cond * C, row + N * C);
     }
   }
-  qwen::Args21 args(const Case& c, const char* timestep, float* out) const {
+  // [text, conditions..., target]; `prefix` is the route and memory of the text and the
+  // conditions (one memory), `time` the prefix's modulation time.
+  qwen::Args21 args(const Case& c, const char* timestep, float* out, SegmentTime time,
+                    SegmentKV prefix = {}) const {
     qwen::Args21 a;
     a.batch = B;
-    a.text = c.in.at("encoder_hidden_states").f32();
-    a.text_len = L;
-    a.slots = slots.data();
-    a.text_valid = valid.empty() ? nullptr : valid.data();
-    a.cond = cond.data();
-    a.cond_grids = cond_grids;
-    a.target = tgt.data();
-    a.target_grid = target;
+    const Tensor& enc = c.in.at("encoder_hidden_states");
+    a.segments.push_back({.kind = SegmentKind::kText,
+                          .name = "text",
+                          .rows = enc.f32(),
+                          .tokens = L,
+                          .slots = slots.data(),
+                          .valid = valid.empty() ? nullptr : valid.data(),
+                          .time = time,
+                          .kv = prefix});
+    int64_t offset = 0;
+    for (size_t i = 0; i < cond_grids.size(); ++i) {
+      a.segments.push_back({.kind = SegmentKind::kReference,
+                            .name = "condition " + std::to_string(i + 1),
+                            .rows = cond.data() + offset * channels,
+                            .tokens = cond_grids[i].tokens(),
+                            .batch_rows = n_cond,
+                            .grid = cond_grids[i],
+                            .time = time,
+                            .kv = {.route = prefix.route}});
+      offset += cond_grids[i].tokens();
+    }
+    a.segments.push_back({.kind = SegmentKind::kTarget,
+                          .name = "target",
+                          .rows = tgt.data(),
+                          .tokens = T,
+                          .grid = target});
     a.timestep = c.in.at(timestep).f32();
     a.out = out;
     return a;
@@ -89,12 +111,12 @@ void run_case21(const std::string& name) {
   ExecContext ctx{&arena, KernelPath::kFast, &tracer};
   // Plain: the uncached forward.
   tracer.prefix = "plain.";
-  m.forward(ctx, in.args(c, "timestep", out.data()));
+  m.forward(ctx, in.args(c, "timestep", out.data(), m.prefix_time()));
   test::expect_matches_dump(tracer.got, c.dump, c.order, "plain.", kF32Tol);
   // Extract: the same, storing the prefix K/V.
   KVMemory mem(m.kv_layers(), in.B, P, m.kv_width(), m.kv_dtype());
-  qwen::Args21 a = in.args(c, "timestep", out.data());
-  a.prefix_kv.store = &mem;
+  const qwen::Args21 a = in.args(c, "timestep", out.data(), m.prefix_time(),
+                                 {.route = KVRoute::kComputeAndStore, .store = &mem});
   tracer.prefix = "extract.";
   m.forward(ctx, a);
   test::expect_matches_dump(tracer.got, c.dump, c.order, "extract.transformer", kF32Tol);
@@ -110,8 +132,8 @@ void run_case21(const std::string& name) {
   // Cached: only the target is computed; the prefix comes from the memory. The prefix's
   // projections (img_in of the condition images, txt_in) are not computed at all in decode, so
   // their dumps have nothing to compare with.
-  qwen::Args21 d = in2.args(c, "timestep_cached", out.data());
-  d.prefix_kv.memory = &mem;
+  const qwen::Args21 d = in2.args(c, "timestep_cached", out.data(), m.prefix_time(),
+                                  {.route = KVRoute::kSplice, .memory = &mem});
   tracer.got.clear();
   tracer.prefix = "cached.";
   m.forward(ctx, d);
@@ -148,13 +170,14 @@ TEST(Qwen21Golden, NoCausalConditionPlainMatchesAndCacheIsRefused) {
   Arena arena;
   test::CaptureTracer tracer;
   tracer.prefix = "plain.";
-  m.forward({&arena, KernelPath::kFast, &tracer}, in.args(c, "timestep", out.data()));
+  m.forward({&arena, KernelPath::kFast, &tracer},
+            in.args(c, "timestep", out.data(), m.prefix_time()));
   test::expect_matches_dump(tracer.got, c.dump, c.order, "plain.", kF32Tol);
   const int64_t P =
       in.L + 3 * static_cast<int64_t>(std::count(in.slots.begin(), in.slots.end(), 1));
   KVMemory mem(m.kv_layers(), in.B, P, m.kv_width(), m.kv_dtype());
-  qwen::Args21 a = in.args(c, "timestep", out.data());
-  a.prefix_kv.store = &mem;
+  const qwen::Args21 a = in.args(c, "timestep", out.data(), m.prefix_time(),
+                                 {.route = KVRoute::kComputeAndStore, .store = &mem});
   try {
     m.forward({&arena}, a);
     ADD_FAILURE() << "a cache was accepted without causal_condition";

@@ -14,6 +14,7 @@
 
 #include "cache/policy.h"
 #include "cache/spectral.h"
+#include "families/family.h"
 #include "fixtures.h"
 #include "flowkv/error.h"
 #include "flowkv/step_cache.h"
@@ -41,6 +42,7 @@ struct Stack {
   cache::Topology topology() const {
     cache::Topology t;
     t.model = "flux1";
+    t.tables = families::flux1_tables();  // the scripted traces were made with FLUX.1's tables
     for (int b = 0; b < blocks; ++b) t.blocks.push_back({"blocks." + std::to_string(b), "joint"});
     return t;
   }
@@ -523,13 +525,13 @@ struct DeepTinyKlein : test::KleinFixture {
   int blocks() const { return cfg.num_layers + cfg.num_single_layers; }
 };
 
-std::vector<float> klein_run(const test::KleinFixture& f, pipeline::RefMode mode, int steps,
+std::vector<float> klein_run(const test::KleinFixture& f, KVMode mode, int steps,
                              const std::vector<std::string>& caches,
                              std::vector<StepCacheStats>* stats = nullptr) {
   Arena arena;
-  pipeline::KleinKVRequest r = f.request(mode, steps);
-  r.step_caches = caches;
-  auto res = pipeline::run_klein_kv({&arena}, f.model, r);
+  test::LoopRequest r = f.request(mode, steps);
+  r.opts.step_caches = caches;
+  auto res = test::run(arena, f.model, r);
   if (stats) *stats = res.step_caches;
   return res.latents;
 }
@@ -548,10 +550,10 @@ const std::vector<std::string> kNeverFiring = {
 TEST(StepCacheInModels, PoliciesThatNeverFireAreBitIdenticalToNoPolicy) {
   expect_every_policy(kNeverFiring);
   const test::KleinFixture f(DType::kF32);
-  const auto plain = klein_run(f, pipeline::RefMode::kCached, 5, {});
+  const auto plain = klein_run(f, KVMode::kCached, 5, {});
   for (const std::string& spec : kNeverFiring) {
     std::vector<StepCacheStats> st;
-    EXPECT_TRUE(same(plain, klein_run(f, pipeline::RefMode::kCached, 5, {spec}, &st))) << spec;
+    EXPECT_TRUE(same(plain, klein_run(f, KVMode::kCached, 5, {spec}, &st))) << spec;
     ASSERT_EQ(st.size(), 1u);
     EXPECT_EQ(st[0].blocks_skipped + st[0].sublayers_reused, 0) << spec;
   }
@@ -567,16 +569,16 @@ TEST(StepCacheInModels, EveryPolicyComposesWithTheKleinReferenceCache) {
   expect_every_policy(specs);
   for (const std::string& s : specs) {
     std::vector<StepCacheStats> st;
-    const auto cached = klein_run(f, pipeline::RefMode::kCached, 8, {s}, &st);
-    const auto recompute = klein_run(f, pipeline::RefMode::kRecompute, 8, {s});
+    const auto cached = klein_run(f, KVMode::kCached, 8, {s}, &st);
+    const auto recompute = klein_run(f, KVMode::kRecompute, 8, {s});
     EXPECT_TRUE(same(cached, recompute)) << s;
     EXPECT_GT(st[0].blocks_skipped + st[0].sublayers_reused, 0) << s << ": " << st[0].decisions;
   }
   // Two policies at once, with the exact cache.
   std::vector<StepCacheStats> st;
-  const auto both = klein_run(f, pipeline::RefMode::kCached, 8,
+  const auto both = klein_run(f, KVMode::kCached, 8,
                               {"taylorseer:interval=2,before=1", "pab:lo=-1,hi=2000"}, &st);
-  EXPECT_TRUE(same(both, klein_run(f, pipeline::RefMode::kRecompute, 8,
+  EXPECT_TRUE(same(both, klein_run(f, KVMode::kRecompute, 8,
                                    {"taylorseer:interval=2,before=1", "pab:lo=-1,hi=2000"})));
   ASSERT_EQ(st.size(), 2u);
 }
@@ -584,12 +586,12 @@ TEST(StepCacheInModels, EveryPolicyComposesWithTheKleinReferenceCache) {
 TEST(StepCacheInModels, TextKvApproximationComposesWithAStepCache) {
   const test::KleinFixture f(DType::kF32);
   Arena arena;
-  pipeline::KleinKVRequest r = f.request(pipeline::RefMode::kCached, 3);
-  r.text_kv_approx = true;
-  r.step_caches = {"fora:interval=2"};
+  test::LoopRequest r = f.request(KVMode::kCached, 3);
+  r.opts.text_kv_approx = true;
+  r.opts.step_caches = {"fora:interval=2"};
   // The prefill call computes (it stores the text K/V); later calls read them.
   std::vector<StepCacheStats> st;
-  EXPECT_NO_THROW(st = pipeline::run_klein_kv({&arena}, f.model, r).step_caches);
+  EXPECT_NO_THROW(st = test::run(arena, f.model, r).step_caches);
   EXPECT_EQ(st.at(0).decisions, "CrC");
 }
 
@@ -598,9 +600,9 @@ std::vector<float> qwen_run(const test::Qwen21Fixture& f, bool cache, bool cfg, 
                             std::vector<StepCacheStats>* stats = nullptr) {
   Arena arena;
   // Branches as separate calls, as they run whenever a policy is active.
-  pipeline::Qwen21Request r = f.request(cache, cfg, steps, /*batch_cfg=*/false);
-  r.step_caches = caches;
-  auto res = pipeline::run_qwen21({&arena}, f.model, r);
+  test::LoopRequest r = f.request(cache, cfg, steps, /*batch_cfg=*/false);
+  r.opts.step_caches = caches;
+  auto res = test::run(arena, f.model, r);
   if (stats) *stats = res.step_caches;
   return res.latents;
 }
@@ -629,8 +631,7 @@ TEST(StepCacheInModels, EveryPolicyComposesWithTheQwen21PrefixCache) {
 TEST(StepCacheInModels, DecisionsFollowTheScheduleInsideBothModels) {
   const DeepTinyKlein k;
   std::vector<StepCacheStats> st;
-  klein_run(k, pipeline::RefMode::kCached, 8,
-            {"taylorseer", "pab:lo=-1,hi=2000", "fora:interval=2"}, &st);
+  klein_run(k, KVMode::kCached, 8, {"taylorseer", "pab:lo=-1,hi=2000", "fora:interval=2"}, &st);
   ASSERT_EQ(st.size(), 3u);
   EXPECT_EQ(st[0].decisions, "CCCpCppp");
   EXPECT_EQ(k.blocks(), 8);
@@ -653,9 +654,9 @@ TEST(StepCacheIsolation, RequestsNeverShareState) {
   test::KleinFixture g(DType::kF32);
   for (float& v : g.noise) v = -v;
   for (const std::string& spec : kFiring) {
-    const auto a = klein_run(f, pipeline::RefMode::kCached, 6, {spec});
-    klein_run(g, pipeline::RefMode::kCached, 6, {spec});
-    EXPECT_TRUE(same(a, klein_run(f, pipeline::RefMode::kCached, 6, {spec}))) << spec;
+    const auto a = klein_run(f, KVMode::kCached, 6, {spec});
+    klein_run(g, KVMode::kCached, 6, {spec});
+    EXPECT_TRUE(same(a, klein_run(f, KVMode::kCached, 6, {spec}))) << spec;
   }
 }
 

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "flowkv/profile.h"
 #include "flowkv/tensor.h"
 #include "flowkv/workspace.h"
 
@@ -26,15 +27,6 @@ struct Flux2Call {
   // Debugging: check the inputs, every named intermediate and the output for NaN or infinity
   // and fail naming the first that holds one (slower: every intermediate is copied).
   bool check_finite = false;
-};
-
-// Where one forward's time went (filled when passed to forward).
-struct ForwardProfile {
-  double seconds = 0;            // the whole forward
-  double linear_seconds = 0;     // every linear layer
-  double linear_flops = 0;       // 2*M*N*K summed
-  double attention_seconds = 0;  // every attention call
-  double attention_flops = 0;    // 4*head_dim per allowed query-key pair, summed
 };
 
 class Flux2Transformer {

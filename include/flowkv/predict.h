@@ -1,11 +1,10 @@
-// Predicted FLOPs, speedup and KV memory of the exact reference cache (the cost model of
-// spec kv-cost-model.md; the benchmark's "predicted" column comes from here too).
+// Predicted FLOPs, speedup and KV memory of a family's exact conditioning cache (the cost model
+// of spec kv-cost-model.md; the benchmark's "predicted" column comes from here too). For a
+// loaded model: flowkv::predict (flowkv/model.h).
 #pragma once
 
 #include <string>
 #include <vector>
-
-#include "flowkv/flux2.h"
 
 namespace flowkv {
 
@@ -32,29 +31,31 @@ struct KVPrediction {
 };
 
 struct PredictRequest {
-  std::string model = "klein-9b-kv";  // a released shape, or a config.json / checkpoint folder
+  // A released shape (released_model_names()), or a config.json / checkpoint of any family.
+  std::string model = "klein-9b-kv";
   int64_t text_tokens = 512;
   int64_t target_tokens = 4096;
-  std::vector<int64_t> ref_tokens = {2816};
+  std::vector<int64_t> ref_tokens = {2816};  // conditioning images (references, conditions)
   int steps = 4;
   bool cfg = false;
   int kv_bytes_per_element = 2;  // bf16
 };
 
-KVPrediction predict_klein_kv(const PredictRequest& r);
-// For a loaded model (its config; K/V element size from its compute dtype).
-KVPrediction predict_klein_kv(const Flux2Transformer& m, int64_t text_tokens, int64_t target_tokens,
-                              const std::vector<int64_t>& ref_tokens, int steps);
+// The model's family is found through the registry (detect_family, flowkv/model.h). A family
+// without an exact cache (FamilyInfo::exact_cache empty) predicts every segment uncached.
+KVPrediction predict(const PredictRequest& r);
 std::string format_prediction(const KVPrediction& p);
 
-// Which segments of a released model's token layout can be cached exactly, and for the others
-// which of the three rules each breaks. model: klein-9b-kv, klein-4b, klein-9b, dev,
-// qwen-image-2.1, qwen-image-2.1-no-causal, qwen-image.
+// Which segments of a model's token layout can be cached exactly, and for the others which of
+// the three rules each breaks. model: a released shape (released_model_names()) or a config /
+// checkpoint; empty when its rules do not follow from the shape alone (a FLUX.2 config: Klein
+// 9B and Klein 9B KV share one architecture).
 std::string cacheability_report(const std::string& model, int64_t text_tokens,
                                 const std::vector<int64_t>& ref_tokens, int64_t target_tokens);
 
-// FLUX.2 latent tokens of an image (16 x 16 pixels per token).
-int64_t flux2_tokens_for_pixels(int64_t width_px, int64_t height_px);
+// Latent tokens of an image: 16 x 16 pixels per token in every registered family.
+int64_t latent_tokens_for_pixels(int64_t width_px, int64_t height_px);
+// Every family's released shapes, in registration order.
 std::vector<std::string> released_model_names();
 
 }  // namespace flowkv

@@ -1,5 +1,5 @@
-// Qwen-Image-2.1 as a library object, and its denoising loop with the exact prefix KV cache
-// (diffusers QwenImage21Pipeline), from prompt embeddings, condition latents and noise.
+// Qwen-Image-2.1 as a library object (diffusers QwenImage21Transformer2DModel). Denoising with
+// its exact prefix KV cache (diffusers QwenImage21Pipeline) is flowkv::denoise (flowkv/model.h).
 #pragma once
 
 #include <functional>
@@ -7,12 +7,28 @@
 #include <string>
 #include <vector>
 
-#include "flowkv/klein_kv.h"
+#include "flowkv/model.h"
 #include "flowkv/predict.h"
+#include "flowkv/profile.h"
 #include "flowkv/tensor.h"
 #include "flowkv/workspace.h"
 
 namespace flowkv {
+
+// One forward. Shapes in PyTorch order.
+struct Qwen21Call {
+  Tensor img;                      // [B, h*w, in_channels]  target (noisy) latent tokens
+  int64_t height = 0, width = 0;   // the target's latent grid, in tokens
+  Tensor txt;                      // [B, L, text_channels]  the vision-language sequence
+  std::vector<uint8_t> txt_slots;  // [L] or empty: 1 where a row is a condition-image slot
+                                   // (each stands for 2x2 condition latent tokens)
+  Tensor txt_mask;                 // [B, L] of 0/1 (padding), or undefined: every row valid
+  std::vector<ReferenceLatents> conditions;  // [B, h*w, in_channels] each, in slot order
+  Tensor timestep;                           // [B]   sigma in [0, 1]
+  // Debugging: check the inputs, every named intermediate and the output for NaN or infinity
+  // and fail naming the first that holds one (slower: every intermediate is copied).
+  bool check_finite = false;
+};
 
 class QwenImage21Transformer {
  public:
@@ -30,55 +46,17 @@ class QwenImage21Transformer {
   int64_t text_channels() const;
   bool causal_condition() const;
 
+  // The velocity for the target tokens: [B, h*w, C], C = the config's patch_size^2 x
+  // out_channels (in_channels for released checkpoints).
+  // `ws`: reuse one across calls to keep the heap out of the loop (a fresh one otherwise).
+  Tensor forward(const Qwen21Call& call, ForwardProfile* profile = nullptr,
+                 Workspace* ws = nullptr) const;
+
   struct Impl;
   const Impl& impl() const { return *impl_; }
 
  private:
   std::shared_ptr<const Impl> impl_;
 };
-
-struct QwenPrompt {
-  Tensor embeds;               // [B, L, context_in_dim]: the vision-language sequence
-  std::vector<uint8_t> slots;  // [L]: 1 where a row is a condition-image slot (2x2 latents each)
-  Tensor mask;                 // [B, L] of 0/1 (padding), or undefined: every row valid
-};
-
-struct Qwen21Inputs {
-  QwenPrompt prompt;
-  QwenPrompt negative;                       // embeds undefined: no classifier-free guidance
-  float cfg_scale = 1.0f;                    // true CFG when > 1 and a negative prompt is given
-  std::vector<ReferenceLatents> conditions;  // condition-image latents [B, h*w, in_channels]
-  Tensor noise;                              // [B, h*w, in_channels]
-  int64_t height = 0, width = 0;             // target latent grid
-};
-
-struct Qwen21Options {
-  int steps = 40;
-  bool use_cache = true;       // the exact prefix cache (needs causal_condition)
-  bool batch_cfg = true;       // both branches in one forward when their layouts match
-  std::vector<double> sigmas;  // a fixed grid (sample_sigmas); sets the step count
-  int64_t kv_budget_bytes = -1;
-  // Approximate step caches composed with the prefix cache (see step_cache_policies()); with
-  // any, the CFG branches run as separate calls with their own state.
-  std::vector<std::string> step_caches;
-  std::function<void(int step, int steps)> on_step;
-};
-
-DenoiseResult denoise_qwen21(const QwenImage21Transformer& model, const Qwen21Inputs& in,
-                             const Qwen21Options& opts, Workspace* ws = nullptr);
-int64_t kv_bytes_needed(const QwenImage21Transformer& model, const Qwen21Inputs& in,
-                        const Qwen21Options& opts);
-
-// The cost model for this layout: text tokens after the condition images, target last.
-KVPrediction predict_qwen21(const QwenImage21Transformer& m, int64_t text_tokens,
-                            const std::vector<int64_t>& condition_tokens, int64_t target_tokens,
-                            int steps, bool cfg);
-// From a config alone: `config` is a config.json, a checkpoint folder, or "" for the released
-// shape (32 layers x 4096); bf16 K/V.
-KVPrediction predict_qwen21_shape(const std::string& config, int64_t text_tokens,
-                                  const std::vector<int64_t>& condition_tokens,
-                                  int64_t target_tokens, int steps, bool cfg);
-// True when the file or folder holds a Qwen-Image-2.1 transformer config.
-bool is_qwen21_config(const std::string& path);
 
 }  // namespace flowkv

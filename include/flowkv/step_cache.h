@@ -17,8 +17,9 @@ struct StepCachePolicy {
 // The registered policies.
 std::vector<StepCachePolicy> step_cache_policies();
 
-// Checks names, option names and values (throws flowkv::Error naming the problem); limits that
-// depend on the model (DBCache's block counts) are checked when a request starts.
+// Checks names, option names and values (throws flowkv::Error naming the problem); what depends
+// on the model (DBCache's block counts, the tables TeaCache and MagCache read) is checked when a
+// request starts, or up front by check_step_caches(specs, model) (flowkv/model.h).
 void check_step_caches(const std::vector<std::string>& specs);
 
 // What one policy did over a request.

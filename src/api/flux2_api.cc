@@ -4,10 +4,10 @@
 #include "api/flux2_impl.h"
 #include "core/arena.h"
 #include "core/checked.h"
+#include "families/flux2.h"
 #include "flowkv/error.h"
 #include "io/checkpoint.h"
 #include "models/flux2/builtin.h"
-#include "models/flux2/layout.h"
 #include "pipeline/request_limits.h"
 
 namespace flowkv {
@@ -140,12 +140,18 @@ Tensor Flux2Transformer::forward(const Flux2Call& call, ForwardProfile* profile,
   Tensor out = Tensor::empty({b, n, c.out_features()});
   flux2::ForwardArgs a;
   a.batch = b;
-  a.img = call.img.f32();
-  a.img_tokens = n;
-  a.img_ids = call.img_ids.f32();
-  a.txt = call.txt.f32();
-  a.txt_tokens = l;
-  a.txt_ids = call.txt_ids.f32();
+  a.segments = {
+      {.kind = SegmentKind::kText,
+       .name = "text",
+       .rows = call.txt.f32(),
+       .tokens = l,
+       .ids = call.txt_ids.f32()},
+      {.kind = SegmentKind::kTarget,
+       .name = "target",
+       .rows = call.img.f32(),
+       .tokens = n,
+       .ids = call.img_ids.f32()},
+  };
   a.timestep = call.timestep.f32();
   a.guidance = call.guidance.defined() ? call.guidance.f32() : nullptr;
   a.out = out.f32();

@@ -1,4 +1,7 @@
 #include "cache/policy.h"
+#include "families/family.h"
+#include "flowkv/limits.h"
+#include "flowkv/model.h"
 #include "flowkv/step_cache.h"
 
 namespace flowkv {
@@ -11,10 +14,16 @@ std::vector<StepCachePolicy> step_cache_policies() {
 }
 
 void check_step_caches(const std::vector<std::string>& specs) {
+  // No model: knobs only. As many blocks as any model may have, so that block counts are only
+  // refused when no model could take them (the request checks them against its model).
   cache::Topology t;
-  t.model = "flux2";
-  t.blocks.resize(1024);
+  t.blocks.resize(static_cast<size_t>(limits::kMaxBlocks));
+  t.model_known = false;
   cache::make_policies(specs, t);
+}
+
+void check_step_caches(const std::vector<std::string>& specs, const Model& model) {
+  cache::make_policies(specs, model.impl().model->topology());
 }
 
 }  // namespace flowkv

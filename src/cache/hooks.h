@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -57,7 +58,14 @@ struct BlockInfo {
 struct Topology {
   std::vector<BlockInfo> blocks;
   std::string probe = "first block's modulated input of the target stream";
-  std::string model;  // "flux2", "qwen21": selects per-model tables (TeaCache coefficients)
+  std::string model;  // a name for messages ("flux2"); no policy selects anything by it
+  // The tables the model's family publishes for step caches, by key: "teacache.coefficients"
+  // (TeaCache's rescaling polynomial), "magcache.ratios" (MagCache's default ratios, when
+  // calibrated) and "magcache.ratios.NAME" (ratios=NAME). Policies read tables only here.
+  std::map<std::string, std::vector<double>> tables;
+  // False when no model is known (check_step_caches without one): policies check their knobs
+  // and leave what needs the model (its tables) to the request.
+  bool model_known = true;
 };
 
 enum class BlockAction { kRun, kSkip };

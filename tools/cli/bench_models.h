@@ -4,17 +4,18 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
-#include "flowkv/klein_kv.h"
+#include "flowkv/model.h"
 #include "flowkv/predict.h"
 #include "flowkv/workspace.h"
 
 namespace flowkv::cli {
 
 struct BenchInputs {
-  std::string family = "klein", model, builtin, dtype = "auto";
+  std::string family, model, builtin, dtype = "auto";
   std::string grid = "16x16", ref_grid = "16x16";
   int64_t text = 64;
   uint64_t seed = 0;
@@ -23,22 +24,26 @@ struct BenchInputs {
 // One denoising run of a benchmark cell.
 struct RunSpec {
   int steps = 4, refs = 1;
-  bool cfg = false;             // qwen21: true CFG with a negative prompt
+  bool cfg = false;             // true CFG with a negative prompt (FamilyInfo::true_cfg)
   bool exact = true;            // the exact conditioning cache (false: recompute every step)
-  bool text_kv_approx = false;  // klein: the named text-KV approximation
+  bool text_kv_approx = false;  // the named text-KV approximation (FamilyInfo::text_kv_approx)
   std::vector<std::string> step_caches;
   int64_t budget = -1;
-  bool batch_cfg = true;  // qwen21: both branches in one forward when no step cache runs
+  bool batch_cfg = true;  // both CFG branches in one forward when no step cache runs
 };
 
+// A model of any family with its benchmark inputs: deterministic random inputs
+// (example_inputs) per reference count and CFG setting, run through denoise.
 struct BenchModel {
-  std::string family, variant, dtype, config_json;
+  std::shared_ptr<const Model> model;
+  FamilyInfo family;
+  std::string variant, dtype, config_json;
   std::function<KVPrediction(int steps, int refs, bool cfg)> predict;
   std::function<DenoiseResult(const RunSpec&, Workspace&)> run;
 };
 
-BenchModel klein_model(const BenchInputs& o);
-BenchModel qwen_model(const BenchInputs& o);
+// --model, else --builtin (the family's default when empty); "auto" means f32 for built-ins.
+BenchModel bench_model(const BenchInputs& o);
 
 // Median over back-to-back run pairs of slow / fast: slow drift of a shared machine cancels.
 double paired_speedup(const std::vector<double>& slow, const std::vector<double>& fast);

@@ -6,9 +6,9 @@
 
 #include "commands.h"
 #include "flowkv/error.h"
-#include "flowkv/flux2.h"
 #include "flowkv/inspect.h"
 #include "flowkv/limits.h"
+#include "flowkv/model.h"
 #include "flowkv/runtime.h"
 #include "flowkv/step_cache.h"
 #include "inputs.h"
@@ -33,31 +33,6 @@ uint64_t fnv1a(const void* p, size_t n) {
   const auto* b = static_cast<const unsigned char*>(p);
   for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
   return h;
-}
-
-Flux2Call demo_call(const Flux2Transformer& m, int64_t h, int64_t w, int64_t text, uint64_t seed) {
-  Flux2Call c;
-  const int64_t n = h * w;
-  c.img = Tensor::empty({1, n, m.in_channels()});
-  c.txt = Tensor::empty({1, text, m.text_channels()});
-  c.img_ids = Tensor::zeros({n, 4});
-  c.txt_ids = Tensor::zeros({text, 4});
-  c.timestep = Tensor::from_vector({0.75f}, {1});
-  uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
-  auto next = [&] {  // xorshift uniforms in [-1, 1): inputs only need to be varied and fixed
-    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-    return static_cast<float>(static_cast<double>(s >> 11) * 0x1.0p-52 - 1.0);
-  };
-  for (int64_t i = 0; i < c.img.numel(); ++i) c.img.f32()[i] = next();
-  for (int64_t i = 0; i < c.txt.numel(); ++i) c.txt.f32()[i] = next();
-  for (int64_t y = 0; y < h; ++y) {
-    for (int64_t x = 0; x < w; ++x) {
-      c.img_ids.f32()[(y * w + x) * 4 + 1] = static_cast<float>(y);
-      c.img_ids.f32()[(y * w + x) * 4 + 2] = static_cast<float>(x);
-    }
-  }
-  for (int64_t l = 0; l < text; ++l) c.txt_ids.f32()[l * 4 + 3] = static_cast<float>(l);
-  return c;
 }
 
 void add_inspect(CLI::App& app) {
@@ -108,14 +83,13 @@ void add_forward(CLI::App& app) {
     std::exit(guarded([&] {
       const auto [h, w] = parse_grid(o->grid, "--grid");
       const auto t0 = std::chrono::steady_clock::now();
-      const Flux2Transformer m =
-          o->model.empty() ? Flux2Transformer::builtin(o->builtin, o->seed,
-                                                       o->dtype == "auto" ? "f32" : o->dtype)
-                           : Flux2Transformer::load(o->model, {o->dtype});
+      const Model m = o->model.empty() ? Model::builtin(o->builtin, o->seed,
+                                                        o->dtype == "auto" ? "f32" : o->dtype)
+                                       : Model::load(o->model, o->dtype);
       const auto t1 = std::chrono::steady_clock::now();
-      Flux2Call call = demo_call(m, h, w, o->text, o->seed);
-      call.check_finite = o->check_finite;
-      const Tensor out = m.forward(call);
+      const DenoiseInputs in =
+          example_inputs(m, {.text_tokens = o->text, .height = h, .width = w, .seed = o->seed});
+      const Tensor out = forward(m, in, {.sigma = 0.75f, .check_finite = o->check_finite});
       const auto t2 = std::chrono::steady_clock::now();
       double sum = 0, sq = 0;
       for (int64_t i = 0; i < out.numel(); ++i) {
@@ -146,13 +120,24 @@ void add_export(CLI::App& app) {
     uint64_t seed = 0;
   };
   auto* o = new Opts;
-  cmd->add_option("name", o->name, "built-in model (tiny, small)")->required();
+  cmd->add_option(
+         "name", o->name,
+         "built-in model (" +
+             [] {
+               std::string s;
+               for (const FamilyInfo& f : registered_families()) {
+                 for (const std::string& b : f.builtins) s += (s.empty() ? "" : ", ") + b;
+               }
+               return s;
+             }() +
+             ")")
+      ->required();
   cmd->add_option("dir", o->dir, "output folder")->required();
   cmd->add_option("--dtype", o->dtype, "f32 or bf16")->capture_default_str();
   cmd->add_option("--seed", o->seed, "seed of the weights");
   cmd->callback([o] {
     std::exit(guarded([&] {
-      Flux2Transformer::write_builtin(o->name, o->seed, o->dtype, o->dir);
+      export_builtin(o->name, o->seed, o->dtype, o->dir);
       std::printf("wrote %s\n", o->dir.c_str());
       return 0;
     }));
@@ -165,9 +150,13 @@ void add_caches(CLI::App& app) {
       "List the approximate step-cache policies: what each skips, its knobs and defaults.\n"
       "Use them as --cache NAME[:key=value,...] with bench (list values separated by '/').");
   cmd->callback([] {
-    std::printf(
-        "kv\n  The exact conditioning cache (Klein references, Qwen-Image-2.1 prefix): "
-        "bit-identical to recomputing them.\n");
+    std::string exact;
+    for (const FamilyInfo& f : registered_families()) {
+      if (!f.exact_cache.empty())
+        exact += (exact.empty() ? "" : ", ") + f.name + ": " + f.exact_cache;
+    }
+    std::printf("kv\n  The exact conditioning cache (%s): bit-identical to recomputing it.\n",
+                exact.c_str());
     for (const StepCachePolicy& p : step_cache_policies())
       std::printf("%s\n  %s\n", p.name.c_str(), p.summary.c_str());
     std::printf("\nAll step caches are approximate and off unless named; see docs/caches.md.\n");

@@ -12,10 +12,9 @@
 #include "commands.h"
 #include "flowkv/error.h"
 #include "flowkv/io.h"
-#include "flowkv/klein_kv.h"
 #include "flowkv/limits.h"
+#include "flowkv/model.h"
 #include "flowkv/predict.h"
-#include "flowkv/qwen_image.h"
 #include "flowkv/runtime.h"
 #include "inputs.h"
 #include "measure.h"
@@ -164,7 +163,7 @@ void print_verdicts(const std::vector<Cell>& cells) {
 void write_json(const std::string& path, const BenchModel& m, const Opts& o,
                 const std::vector<Cell>& cells) {
   nlohmann::json j;
-  j["model"] = {{"family", m.family},
+  j["model"] = {{"family", m.family.name},
                 {"variant", m.variant},
                 {"compute_dtype", m.dtype},
                 {"config", nlohmann::json::parse(m.config_json)}};
@@ -206,32 +205,65 @@ void write_json(const std::string& path, const BenchModel& m, const Opts& o,
   write_file_atomic(path, j.dump(2) + "\n");  // checked, fsynced, renamed into place
 }
 
+// "a,b,c" of a list of integers.
+std::string joined(const std::vector<int>& v) {
+  std::string s;
+  for (int x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
+  return s;
+}
+
+// One line per family that has an exact cache and built-in models: what bench measures on it.
+std::string family_lines() {
+  std::string s;
+  for (const FamilyInfo& f : registered_families()) {
+    if (f.exact_cache.empty() || f.builtins.empty()) continue;
+    std::string names = f.name;
+    for (const std::string& a : f.aliases) names += " (or " + a + ")";
+    s += "  --family " + names + ": " + f.title + ", its exact " + f.exact_cache + " cache;\n" +
+         "    cells = steps x " + f.images + "s" + (f.true_cfg ? " x CFG off/on" : "") +
+         "; defaults: built-in " + f.default_builtin + ", steps " + joined(f.bench_steps) + ", " +
+         f.images + "s " + joined(f.bench_images) + "\n";
+  }
+  return s;
+}
+
+// The family named by --family, or the one of --model / --builtin (which must agree).
+const FamilyInfo& choose_family(const Opts& o) {
+  const std::string& named = !o.model.empty() ? o.model : o.builtin;
+  if (named.empty())
+    return family_info(o.family.empty() ? registered_families().front().name : o.family);
+  const FamilyInfo& found = detect_family(named);
+  FLOWKV_CHECK(o.family.empty() || &family_info(o.family) == &found, "--family ", o.family, ": ",
+               named, " is a ", found.title, " model (--family ", found.name, ")");
+  return found;
+}
+
 }  // namespace
 
 void add_bench(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "bench",
       "An exact conditioning KV cache against the uncached baseline (the same network and rules,\n"
-      "conditioning recomputed every step), side by side. --family klein: FLUX.2 Klein 9B KV's\n"
-      "reference cache, cells = steps x references. --family qwen21: Qwen-Image-2.1's prefix\n"
-      "cache (text and condition images), cells = steps x condition images x CFG off/on (one\n"
-      "cache per branch). Per cell: one warm-up and --runs timed runs of each mode in\n"
-      "alternating order; median transformer and whole-loop times, measured and predicted\n"
-      "speedup, their difference in points of saving, output hashes, KV bytes and peak RSS.\n"
-      "Without --model it runs a built-in model with random weights.");
+      "conditioning recomputed every step), side by side. The family comes from --model's\n"
+      "config (or --builtin); without either, the first below:\n" +
+          family_lines() +
+          "With CFG each branch keeps its own cache. Per cell: one warm-up and --runs timed runs\n"
+          "of each mode in alternating order; median transformer and whole-loop times, measured\n"
+          "and predicted speedup, their difference in points of saving, output hashes, KV bytes\n"
+          "and peak RSS. Without --model it runs a built-in model with random weights.");
   auto* o = new Opts;
-  cmd->add_option("--family", o->family, "klein or qwen21 (default: from --model's config)")
-      ->capture_default_str();
+  cmd->add_option("--family", o->family,
+                  "model family (default: from --model's config or --builtin, else " +
+                      registered_families().front().name + ")");
   cmd->add_option("--model", o->model, "checkpoint folder or file (default: a built-in model)");
   cmd->add_option("--builtin", o->builtin,
-                  "built-in model when no --model (default: small for klein, qwen21-small)");
+                  "built-in model when no --model (default: the family's, listed above)");
   cmd->add_option("--dtype", o->dtype, "auto, f32 or bf16 (built-in: auto means f32)")
       ->capture_default_str();
-  cmd->add_option("--steps", o->steps, "step counts, comma-separated (klein 4,8,28; qwen21 4,8)");
-  cmd->add_option(
-      "--refs", o->refs,
-      "reference / condition-image counts, comma-separated (klein 1,2,3; qwen21 0,1,2)");
-  cmd->add_option("--cfg", o->cfg, "qwen21: CFG settings, comma-separated 0/1")
+  cmd->add_option("--steps", o->steps, "step counts, comma-separated (default: the family's)");
+  cmd->add_option("--refs", o->refs,
+                  "reference / condition-image counts, comma-separated (default: the family's)");
+  cmd->add_option("--cfg", o->cfg, "families with true CFG: CFG settings, comma-separated 0/1")
       ->capture_default_str();
   cmd->add_option("--runs", o->runs, "timed runs per mode and cell (at least 1)")
       ->capture_default_str()
@@ -257,24 +289,24 @@ void add_bench(CLI::App& app) {
           }() +
           " (docs/caches.md)");
   cmd->add_flag("--text-kv-approx", o->approx,
-                "klein: also run the named approximation text-kv-approx (step-0 text K/V "
+                "families that offer it (FLUX.2): also run the named approximation text-kv-approx "
+                "(step-0 text K/V "
                 "reused) and report its speed and its error against the uncached run");
   cmd->callback([o] {
     std::exit(guarded([&] {
-      if (!o->model.empty() && is_qwen21_config(o->model)) o->family = "qwen21";
-      FLOWKV_CHECK(o->family == "klein" || o->family == "qwen21", "--family is klein or qwen21");
-      const bool qwen = o->family == "qwen21";
-      FLOWKV_CHECK(!(qwen && o->approx), "--text-kv-approx is Klein's approximation");
-      if (o->builtin.empty()) o->builtin = qwen ? "qwen21-small" : "small";
-      if (o->steps.empty()) o->steps = qwen ? "4,8" : "4,8,28";
-      if (o->refs.empty()) o->refs = qwen ? "0,1,2" : "1,2,3";
+      const FamilyInfo& f = choose_family(*o);
+      FLOWKV_CHECK(f.text_kv_approx || !o->approx, "--text-kv-approx: ", f.title,
+                   " offers no text-KV approximation");
+      if (o->builtin.empty()) o->builtin = f.default_builtin;
+      if (o->steps.empty()) o->steps = joined(f.bench_steps);
+      if (o->refs.empty()) o->refs = joined(f.bench_images);
       const std::vector<int> steps = parse_int_list(o->steps, "--steps", 1, limits::kMaxSteps);
       const std::vector<int> refs = parse_int_list(o->refs, "--refs", 0, limits::kMaxReferences);
       const std::vector<int> cfgs =
-          qwen ? parse_int_list(o->cfg, "--cfg", 0, 1) : std::vector<int>{0};
+          f.true_cfg ? parse_int_list(o->cfg, "--cfg", 0, 1) : std::vector<int>{0};
       for (int s : steps) FLOWKV_CHECK(s >= 1, "--steps: every count must be at least 1");
       const int64_t budget = o->kv_budget.empty() ? -1 : parse_bytes(o->kv_budget, "--kv-budget");
-      const BenchModel runner = qwen ? qwen_model(*o) : klein_model(*o);
+      const BenchModel runner = bench_model(*o);
       if (!o->caches.empty()) {
         FLOWKV_CHECK(!o->approx, "--text-kv-approx and --cache are separate benchmarks");
         CacheBenchPlan p;
@@ -289,7 +321,7 @@ void add_bench(CLI::App& app) {
         return run_cache_bench(runner, p);
       }
       std::printf("flowkv bench: exact %s KV cache vs uncached (same network, same rules)\n",
-                  qwen ? "prefix (text + condition images)" : "reference");
+                  f.exact_cache.c_str());
       std::printf("model:   %s, %s compute\n", runner.variant.c_str(), runner.dtype.c_str());
       std::printf("machine: %d threads, %s kernels\n", threads(), simd_target().c_str());
       std::printf(
@@ -312,7 +344,7 @@ void add_bench(CLI::App& app) {
             c.steps = s, c.refs = r, c.cfg = g != 0;
             const std::string tag = "[" + std::to_string(++index) + "/" + std::to_string(total) +
                                     "] steps " + std::to_string(s) + ", refs " + std::to_string(r) +
-                                    (qwen ? (c.cfg ? ", cfg" : ", no cfg") : "") + ":";
+                                    (f.true_cfg ? (c.cfg ? ", cfg" : ", no cfg") : "") + ":";
             cells.push_back(run_cell(runner, *o, c, budget, ws, tag));
           }
         }

@@ -154,7 +154,7 @@ void print_verdicts(const std::vector<CacheCell>& cells, bool exact) {
 void write_json(const std::string& path, const BenchModel& m, const CacheBenchPlan& p,
                 const std::vector<CacheCell>& cells) {
   nlohmann::json j;
-  j["model"] = {{"family", m.family}, {"variant", m.variant}, {"compute_dtype", m.dtype}};
+  j["model"] = {{"family", m.family.name}, {"variant", m.variant}, {"compute_dtype", m.dtype}};
   j["machine"] = {{"threads", threads()}, {"simd", simd_target()}};
   j["inputs"] = {{"text_tokens", p.inputs.text},
                  {"grid", p.inputs.grid},
@@ -204,7 +204,7 @@ int run_cache_bench(const BenchModel& m, const CacheBenchPlan& p) {
                  for (const auto& x : step_cache_policies()) s += (s.empty() ? "" : ", ") + x.name;
                  return s;
                }());
-  check_step_caches(p.policies);
+  check_step_caches(p.policies, *m.model);
   std::printf("flowkv bench --cache: step caches (%s) against no step cache%s\n",
               joined(p.policies, " + ").c_str(),
               p.exact ? ", with and without the exact cache" : "");
@@ -230,7 +230,7 @@ int run_cache_bench(const BenchModel& m, const CacheBenchPlan& p) {
         c.steps = s, c.refs = r, c.cfg = g != 0;
         const std::string tag = "[" + std::to_string(++index) + "/" + std::to_string(total) +
                                 "] steps " + std::to_string(s) + ", refs " + std::to_string(r) +
-                                (m.family == "qwen21" ? (c.cfg ? ", cfg" : ", no cfg") : "") + ":";
+                                (m.family.true_cfg ? (c.cfg ? ", cfg" : ", no cfg") : "") + ":";
         cells.push_back(run_cell(m, p, c, ws, tag));
       }
     }

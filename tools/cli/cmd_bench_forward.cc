@@ -6,10 +6,9 @@
 
 #include "commands.h"
 #include "flowkv/error.h"
-#include "flowkv/flux2.h"
 #include "flowkv/limits.h"
+#include "flowkv/model.h"
 #include "flowkv/runtime.h"
-#include "inputs.h"
 #include "measure.h"
 
 namespace flowkv::cli {
@@ -48,9 +47,10 @@ void add_bench_forward(CLI::App& app) {
     std::exit(guarded([&] {
       const auto [h, w] = parse_grid(o->grid, "--grid");
       const std::vector<std::string> dtypes = {"f32", "bf16"};
-      std::vector<Flux2Transformer> models;
-      for (const auto& dt : dtypes) models.push_back(Flux2Transformer::builtin(o->builtin, 0, dt));
-      const Flux2Call call = demo_call(models[0], h, w, o->text, 1);
+      std::vector<Model> models;
+      for (const auto& dt : dtypes) models.push_back(Model::builtin(o->builtin, 0, dt));
+      const DenoiseInputs in =
+          example_inputs(models[0], {.text_tokens = o->text, .height = h, .width = w, .seed = 1});
       std::printf("model:   %s\n", models[0].variant().c_str());
       std::printf("input:   %ldx%ld image tokens, %ld text tokens, batch 1\n", h, w, o->text);
       const double peak = measure_peak_gflops(threads());
@@ -64,7 +64,7 @@ void add_bench_forward(CLI::App& app) {
       for (int run = -1; run < o->runs; ++run) {  // run -1 is the warm-up
         for (size_t d = 0; d < dtypes.size(); ++d) {
           ForwardProfile p;
-          (void)models[d].forward(call, &p, &ws[d]);
+          (void)forward(models[d], in, {}, &p, &ws[d]);
           if (run < 0) continue;
           rows[d].total.push_back(p.seconds);
           rows[d].linear_s.push_back(p.linear_seconds);

@@ -5,8 +5,8 @@
 #include "commands.h"
 #include "flowkv/error.h"
 #include "flowkv/limits.h"
+#include "flowkv/model.h"
 #include "flowkv/predict.h"
-#include "flowkv/qwen_image.h"
 #include "measure.h"
 
 namespace flowkv::cli {
@@ -35,9 +35,15 @@ void add_predict(CLI::App& app) {
     std::string kv_dtype = "bf16";
   };
   auto* o = new Opts;
-  cmd->add_option("--model", o->model,
-                  "released shape (klein-9b-kv, klein-4b, klein-9b, dev, qwen-image-2.1, "
-                  "qwen-image), or a config.json / checkpoint folder")
+  cmd->add_option(
+         "--model", o->model,
+         "released shape (" +
+             [] {
+               std::string s;
+               for (const std::string& n : released_model_names()) s += (s.empty() ? "" : ", ") + n;
+               return s;
+             }() +
+             "), a built-in model, or a config.json / checkpoint folder")
       ->capture_default_str();
   cmd->add_option("--size", o->size, "output image WxH in pixels")->capture_default_str();
   cmd->add_option("--ref", o->refs, "reference image WxH in pixels (repeat for several)")
@@ -57,12 +63,12 @@ void add_predict(CLI::App& app) {
       PredictRequest r;
       r.model = o->model;
       const auto [w, h] = parse_size(o->size, "--size");
-      r.target_tokens = flux2_tokens_for_pixels(w, h);
+      r.target_tokens = latent_tokens_for_pixels(w, h);
       r.ref_tokens.clear();
       if (!o->no_refs) {
         for (const std::string& s : o->refs) {
           const auto [rw, rh] = parse_size(s, "--ref");
-          r.ref_tokens.push_back(flux2_tokens_for_pixels(rw, rh));
+          r.ref_tokens.push_back(latent_tokens_for_pixels(rw, rh));
         }
       }
       r.text_tokens = o->text;
@@ -70,26 +76,17 @@ void add_predict(CLI::App& app) {
       r.cfg = o->cfg;
       FLOWKV_CHECK(o->kv_dtype == "bf16" || o->kv_dtype == "f32", "--kv-dtype is bf16 or f32");
       r.kv_bytes_per_element = o->kv_dtype == "bf16" ? 2 : 4;
-      const bool qwen21 = o->model == "qwen-image-2.1" || is_qwen21_config(o->model);
-      if (o->model == "qwen-image") {  // nothing to predict: no exact cache exists
-        std::cout << "model:      Qwen-Image (60 dual-stream blocks x 3072)\n"
-                  << cacheability_report("qwen-image", r.text_tokens, r.ref_tokens, r.target_tokens)
-                  << "No exact conditioning cache exists for this model.\n";
+      const FamilyInfo& family = detect_family(o->model);
+      const KVPrediction p = predict(r);
+      // Empty where the shape alone does not tell the rules (a FLUX.2 config).
+      const std::string rules =
+          cacheability_report(o->model, r.text_tokens, r.ref_tokens, r.target_tokens);
+      if (family.exact_cache.empty()) {  // nothing to predict: say why
+        std::cout << "model:      " << p.model << "\n"
+                  << rules << "No exact conditioning cache exists for this model.\n";
         return 0;
       }
-      if (qwen21) {
-        std::cout << format_prediction(
-            predict_qwen21_shape(o->model == "qwen-image-2.1" ? "" : o->model, r.text_tokens,
-                                 r.ref_tokens, r.target_tokens, r.steps, r.cfg));
-        std::cout << cacheability_report("qwen-image-2.1", r.text_tokens, r.ref_tokens,
-                                         r.target_tokens);
-        return 0;
-      }
-      std::cout << format_prediction(predict_klein_kv(r));
-      const bool named = o->model == "klein-9b-kv" || o->model == "klein-9b" ||
-                         o->model == "klein-4b" || o->model == "dev";
-      if (named)
-        std::cout << cacheability_report(o->model, r.text_tokens, r.ref_tokens, r.target_tokens);
+      std::cout << format_prediction(p) << rules;
       return 0;
     }));
   });

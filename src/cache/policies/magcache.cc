@@ -7,11 +7,13 @@
 //
 // calibrate=1 never skips and measures the ratios (the mean over tokens of
 // ||r_t|| / (||r_{t-1}|| + 1e-8)), printed after the run in the form diffusers prints them.
-// Ratios come as ratios=a/b/c/..., or ratios=flux1 (diffusers' FLUX_MAG_RATIOS, measured on
-// FLUX.1 at 28 steps), and are resampled to the run's step count with diffusers'
-// nearest_interp. Arithmetic in float32 as diffusers does with list input. State per branch.
+// Ratios come as ratios=a/b/c/..., or by the name of a table the model's family publishes in its
+// topology (ratios=flux1: diffusers' FLUX_MAG_RATIOS, measured on FLUX.1 at 28 steps), and are
+// resampled to the run's step count with diffusers' nearest_interp. Arithmetic in float32 as
+// diffusers does with list input. State per branch.
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 
 #include "cache/policies/stack_residual.h"
@@ -23,12 +25,31 @@ namespace flowkv::cache {
 
 namespace {
 
-const std::vector<double>& flux1_mag_ratios() {
-  static const std::vector<double> r = {
-      1.0,     1.21094, 1.11719, 1.07812, 1.0625,  1.03906, 1.03125, 1.03906, 1.02344, 1.03125,
-      1.02344, 0.98047, 1.01562, 1.00781, 1.0,     1.00781, 1.0,     1.00781, 1.0,     1.0,
-      0.99609, 0.99609, 0.98047, 0.98828, 0.96484, 0.95703, 0.93359, 0.89062};
-  return r;
+// ", published: a, b" for the named ratio tables of the topology, or "".
+std::string published_names(const Topology& t) {
+  const std::string prefix = "magcache.ratios.";
+  std::string names;
+  for (const auto& [key, values] : t.tables) {
+    if (key.rfind(prefix, 0) == 0) names += (names.empty() ? "" : ", ") + key.substr(prefix.size());
+  }
+  return names.empty() ? "" : " (published: " + names + ")";
+}
+
+// The ratios: the ratios= knob as a list (a/b/c/...) or as the name of a table the model's
+// family publishes ("magcache.ratios.NAME"); without the knob, the family's own calibrated
+// ratios ("magcache.ratios") when it publishes them.
+std::vector<double> ratios_of(PolicyOptions& o, const Topology& t) {
+  const std::string given = o.str("ratios", "");
+  char* end = nullptr;
+  (void)std::strtod(given.c_str(), &end);
+  // A list starts with a number (nan and inf included: the list parser refuses them).
+  if (!given.empty() && end != given.c_str())
+    return PolicyOptions::parse("r=" + given).list("r", {});
+  const auto it = t.tables.find(given.empty() ? "magcache.ratios" : "magcache.ratios." + given);
+  if (it != t.tables.end()) return it->second;
+  FLOWKV_CHECK(given.empty() || !t.model_known, "magcache: this model publishes no ratios named '",
+               given, "'", published_names(t));
+  return {};
 }
 
 // diffusers' nearest_interp: idx = round_half_even(float32(i) * float32((S-1)/(T-1))).
@@ -59,22 +80,18 @@ std::string python_float(float v) {
 
 class MagCache final : public Policy {
  public:
-  MagCache(PolicyOptions& o, const Topology&)
+  MagCache(PolicyOptions& o, const Topology& t)
       : threshold_(static_cast<float>(o.num("threshold", 0.06, kNonNegative))),
         max_skip_(o.integer("max_skip", 3, {0, 100000})),
         retention_(o.num("retention", 0.2, kFraction)),
-        calibrate_(o.flag("calibrate", false)) {
-    const std::string given = o.str("ratios", "");
-    if (given == "flux1") {
-      ratios_ = flux1_mag_ratios();
-    } else if (!given.empty()) {
-      PolicyOptions l = PolicyOptions::parse("r=" + given);
-      ratios_ = l.list("r", {});
-    }
-    FLOWKV_CHECK(calibrate_ || !ratios_.empty(),
+        calibrate_(o.flag("calibrate", false)),
+        ratios_(ratios_of(o, t)) {
+    FLOWKV_CHECK(calibrate_ || !ratios_.empty() || !t.model_known,
                  "magcache needs its magnitude ratios: (1) run once with magcache:calibrate=1 "
                  "(it prints the ratios), (2) pass them as magcache:ratios=1.0/1.37/..., or use "
-                 "ratios=flux1 (measured on FLUX.1 at 28 steps; other models differ)");
+                 "a table the model publishes by name",
+                 published_names(t),
+                 " (flux1: measured on FLUX.1 at 28 steps; other models differ)");
     FLOWKV_CHECK(max_skip_ >= 0 && retention_ >= 0,
                  "magcache: max_skip and retention must be >= 0");
   }
@@ -176,7 +193,8 @@ void register_magcache() {
   register_policy({"magcache",
                    "MagCache: skips every block while the error accumulated from the per-step "
                    "magnitude ratios stays within threshold. Approximate. threshold (0.06), "
-                   "max_skip (3), retention (0.2), ratios (required: a/b/c list or flux1), "
+                   "max_skip (3), retention (0.2), ratios (required: a/b/c list, or a table the "
+                   "model publishes: flux1), "
                    "calibrate (off: measures and prints the ratios).",
                    factory_of<MagCache>()});
 }

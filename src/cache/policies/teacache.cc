@@ -1,10 +1,10 @@
 // TeaCache (ali-vilab/TeaCache, TeaCache4FLUX; spec caches.md §9): the probe is block 0's
 // modulated target input; its relative L1 change since the previous call, rescaled by a
-// per-model polynomial, accumulates; while the sum stays below `threshold` (strict "<") every
-// block is skipped and the target gets the residual of the last computed call
-// (output - input of the block stack). The first and the last step always compute; the probe is
-// remembered on every call, skipped or not. Approximate. State per CFG branch (TeaCache's Wan
-// script keeps cond and uncond apart the same way).
+// polynomial the model publishes, accumulates; while the sum stays below `threshold` (strict "<")
+// every block is skipped and the target gets the residual of the last computed call (output - input
+// of the block stack). The first and the last step always compute; the probe is remembered on every
+// call, skipped or not. Approximate. State per CFG branch (TeaCache's Wan script keeps cond and
+// uncond apart the same way).
 #include <cmath>
 #include <map>
 
@@ -17,29 +17,22 @@ namespace flowkv::cache {
 
 namespace {
 
-// Rescaling polynomials, highest power first. Only FLUX.1's is calibrated (TeaCache4FLUX);
-// FLUX.2 and Qwen-Image-2.1 use it too until someone fits theirs (ComfyUI-TeaCache and
-// vLLM-omni do the same for Qwen-Image). Override with coefficients=a/b/c/d/e.
-const std::map<std::string, std::vector<double>>& coefficient_table() {
-  static const std::vector<double> flux1 = {498.651651, -283.781631, 55.8554382, -3.82021401,
-                                            0.264230861};
-  static const std::map<std::string, std::vector<double>> t = {
-      {"flux1", flux1}, {"flux2", flux1}, {"qwen21", flux1}};
-  return t;
+// The rescaling polynomial (highest power first): the coefficients=a/b/c/d/e knob, else the one
+// the model's family publishes in its topology ("teacache.coefficients").
+std::vector<double> coefficients(PolicyOptions& o, const Topology& t) {
+  const auto it = t.tables.find("teacache.coefficients");
+  std::vector<double> c =
+      o.list("coefficients", it != t.tables.end() ? it->second : std::vector<double>{});
+  FLOWKV_CHECK(!c.empty() || !t.model_known, "teacache: ",
+               t.model.empty() ? std::string("this model") : "model '" + t.model + "'",
+               " publishes no coefficients; pass coefficients=a/b/c/d/e");
+  return c;
 }
 
 class TeaCache final : public Policy {
  public:
   TeaCache(PolicyOptions& o, const Topology& t)
-      : threshold_(o.num("threshold", 0.6, kNonNegative)) {
-    const auto& table = coefficient_table();
-    const std::string model = o.str("model", t.model);
-    auto it = table.find(model);
-    FLOWKV_CHECK(it != table.end() || o.str("coefficients", "").size(),
-                 "teacache: no coefficients for model '", model, "'; pass coefficients=a/b/c/d/e");
-    coef_ = o.list("coefficients", it != table.end() ? it->second : std::vector<double>{});
-    FLOWKV_CHECK(!coef_.empty(), "teacache: coefficients must not be empty");
-  }
+      : threshold_(o.num("threshold", 0.6, kNonNegative)), coef_(coefficients(o, t)) {}
   std::string name() const override { return "teacache"; }
   std::string describe() const override {
     std::string c;
@@ -93,11 +86,13 @@ class TeaCache final : public Policy {
 }  // namespace
 
 void register_teacache() {
-  register_policy({"teacache",
-                   "TeaCache: skips every block while the rescaled, accumulated change of block "
-                   "0's modulated input stays below threshold; first and last step compute. "
-                   "Approximate. threshold (0.6), coefficients (per model; FLUX.1's), model.",
-                   factory_of<TeaCache>()});
+  register_policy(
+      {"teacache",
+       "TeaCache: skips every block while the rescaled, accumulated change of block "
+       "0's modulated input stays below threshold; first and last step compute. "
+       "Approximate. threshold (0.6), coefficients (the model's; FLUX.1's until its own "
+       "are fitted).",
+       factory_of<TeaCache>()});
 }
 
 }  // namespace flowkv::cache

@@ -18,8 +18,4 @@ TokenLayout klein_kv_layout(int64_t text_tokens, const std::vector<int64_t>& ref
   return l;
 }
 
-cost::ModelShape cost_shape(const Config& c, int64_t kv_bytes_per_element) {
-  return {c.dim(), c.num_blocks(), c.mlp_hidden(), kv_bytes_per_element};
-}
-
 }  // namespace flowkv::flux2

@@ -5,9 +5,9 @@
 // Segments. The target (noisy image) tokens are always computed. Text is computed, or - for
 // the named approximation text-kv-approx - read from a memory. Reference images follow the
 // Klein KV rules (they attend to references only and are modulated from a fixed timestep):
-// computed live (optionally storing their K/V), or not present at all with their K/V read from
-// a memory. Each live segment runs through its own GEMM and attention calls, so a target row
-// sees exactly the same computation whether the references are live or spliced from memory.
+// computed live (optionally storing their K/V), or not computed at all with their K/V read from
+// a memory. Live references are computed lazily: a block of theirs runs only when its K/V are
+// stored or read by a text or target block that attends this call.
 #pragma once
 
 #include <memory>
@@ -20,6 +20,7 @@
 #include "models/flux2/config.h"
 #include "models/flux2/weights.h"
 #include "ops/linear.h"
+#include "segments/segment_input.h"
 
 namespace flowkv::flux2 {
 
@@ -32,33 +33,24 @@ struct LoadOptions {
   bool keep_plain = false;  // keep unpacked weights so the scalar reference path can run
 };
 
-// How one segment's keys and values travel this forward.
-struct SegmentKV {
-  KVMemory* store = nullptr;         // computed live and stored here (prefill)
-  const KVMemory* memory = nullptr;  // not computed: spliced from here (decode)
-};
-
+// One forward's arguments. The sequence is a list of segments (segments/segment_input.h):
+//  - exactly one target (kTarget): rows [B, N, in_channels], ids [N, 4] (T, H, W, L), modulated
+//    by the step's time, route kCompute;
+//  - one text segment (kText): rows [B, L, joint_attention_dim], ids [L, 4], the step's time.
+//    Route kCompute, kComputeAndStore, or - for the named approximation text-kv-approx -
+//    kSplice (rows and ids then unused);
+//  - any number of references (kReference), under the Klein KV rules: rows [B, R_i,
+//    in_channels], ids [R_i, 4], one fixed time. They run as ONE reference stream (concatenated
+//    in the order given; they attend to references only), so they share one time and one KV
+//    route, and one memory that holds all their K/V in that order.
+// Each live segment runs through its own GEMM and attention calls, so a target row sees exactly
+// the same computation whether the references are live or spliced from memory.
 struct ForwardArgs {
   int64_t batch = 1;
-  // Target tokens [B, N, in_channels] and their position ids [N, 4] (T, H, W, L).
-  const float* img = nullptr;
-  int64_t img_tokens = 0;
-  const float* img_ids = nullptr;
-  // Text features [B, L, joint_attention_dim] and ids [L, 4]. With txt_kv.memory set the text
-  // is not computed (its K/V come from the memory; ids are then unused).
-  const float* txt = nullptr;
-  int64_t txt_tokens = 0;
-  const float* txt_ids = nullptr;
-  SegmentKV txt_kv;
+  std::vector<SegmentInput> segments;
   // Per batch element: sigma in [0, 1] (the model multiplies by 1000), guidance or nullptr.
   const float* timestep = nullptr;
   const float* guidance = nullptr;
-  // Reference tokens [B, R, in_channels] with ids [R, 4], under the Klein KV rules.
-  const float* ref = nullptr;
-  int64_t ref_tokens = 0;
-  const float* ref_ids = nullptr;
-  float ref_timestep = 0.0f;
-  SegmentKV ref_kv;
   // Output velocity [B, N, out_features].
   float* out = nullptr;
   // Approximate step caches (may skip blocks or reuse sublayer outputs of the text and target

@@ -9,13 +9,11 @@
 #include <vector>
 
 #include "segments/layout.h"
+#include "segments/segment_input.h"
 
 namespace flowkv::qwen {
 
-struct Grid {
-  int64_t h = 0, w = 0;
-  int64_t tokens() const { return h * w; }
-};
+using Grid = ImageGrid;
 
 struct Layout21 {
   int64_t P = 0;  // prefix tokens: text and condition images (everything before the target)

@@ -6,7 +6,8 @@
 // The prefix and the target run as separate segments (their own GEMMs, their own attention
 // calls; the target's keys come as [prefix, target] in both modes), so a target row is computed
 // the same way whether the prefix is live or spliced from its memory: the prefix cache is
-// bit-exact here, where diffusers' is not.
+// bit-exact here, where diffusers' is not. A live prefix is computed lazily: a block of it runs
+// only when its K/V are stored or read by a target block that attends this call.
 #pragma once
 
 #include <memory>
@@ -19,6 +20,7 @@
 #include "models/qwen_image/config.h"
 #include "models/qwen_image/layout21.h"
 #include "ops/linear.h"
+#include "segments/segment_input.h"
 
 namespace flowkv::qwen {
 
@@ -28,28 +30,24 @@ struct LoadOptions21 {
   bool keep_plain = false;
 };
 
-struct PrefixKV {
-  KVMemory* store = nullptr;         // prefill: compute the prefix and store its K/V
-  const KVMemory* memory = nullptr;  // decode: the prefix is not computed; K/V come from here
-};
-
+// One forward's arguments. The sequence is a list of segments (segments/segment_input.h):
+//  - at most one text segment (kText): the vision-language rows [B, L, context_in_dim], slots
+//    [L] (1 where a row is a condition-image slot of 2x2 latent tokens; those rows are not
+//    used), valid [B, L] or nullptr (every row valid);
+//  - the condition images (kReference), in the order of their slots: rows [B, h*w,
+//    in_channels] and grid;
+//  - one target (kTarget): rows [B, h*w, in_channels], grid, the step's time, route compute.
+// The prefix - the text with the condition images spliced into its slots - is computed, stored
+// and spliced as ONE KV memory: the text segment carries its route and memory, and every
+// condition segment must declare the same route (its own store/memory unset or the text's).
+// Text and conditions are modulated from the fixed time 0 under causal_condition, else by the
+// step's time (prefix_time() says which). In splice the prefix's rows are not read, but its
+// tokens, slots, validity and grids still place the target (RoPE) and mask its keys.
 struct Args21 {
   int64_t batch = 1;
-  // The vision-language sequence: [B, L, context_in_dim] rows; slots[L] marks condition-image
-  // slots (their rows are not used); text_valid [B, L] or nullptr (all valid).
-  const float* text = nullptr;
-  int64_t text_len = 0;
-  const uint8_t* slots = nullptr;
-  const uint8_t* text_valid = nullptr;
-  // Condition-image latents [B, sum h*w, in_channels] (in order) and their grids.
-  const float* cond = nullptr;
-  std::vector<Grid> cond_grids;
-  // The target latents [B, h*w, in_channels].
-  const float* target = nullptr;
-  Grid target_grid;
+  std::vector<SegmentInput> segments;
   const float* timestep = nullptr;  // [B], in [0, 1]
-  PrefixKV prefix_kv;
-  float* out = nullptr;         // [B, T, out_features]: the target's velocity
+  float* out = nullptr;             // [B, T, out_features]: the target's velocity
   float* prefix_out = nullptr;  // optional [B, P, out_features] (diffusers returns it in prefill)
   // Approximate step caches (may skip blocks or reuse sublayer outputs of the target; never the
   // prefix). nullptr: every block runs.
@@ -69,6 +67,8 @@ class Model21 {
   DType kv_dtype() const { return compute_dtype(); }
 
   void forward(const ExecContext& ctx, const Args21& args) const;
+  // The time that modulates the prefix segments (text, conditions) of this checkpoint.
+  SegmentTime prefix_time() const { return {config().causal_condition, 0.0f}; }
   // The 32 (num_layers) joint blocks, for step-cache policies.
   cache::Topology topology() const;
 

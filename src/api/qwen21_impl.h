@@ -1,0 +1,16 @@
+// The public QwenImage21Transformer's implementation: a loaded qwen::Model21 plus its name.
+#pragma once
+
+#include <string>
+
+#include "flowkv/qwen_image.h"
+#include "models/qwen_image/model21.h"
+
+namespace flowkv {
+
+struct QwenImage21Transformer::Impl {
+  qwen::Model21 model;
+  std::string variant;
+};
+
+}  // namespace flowkv

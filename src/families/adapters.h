@@ -1,0 +1,27 @@
+// The denoising adapters of the families (pipeline/denoise.h): what one request of a family
+// looks like to the one loop. Each checks the request's inputs, plans its segments and cache,
+// and runs one forward per branch.
+#pragma once
+
+#include <memory>
+
+#include "flowkv/model.h"
+#include "pipeline/denoise.h"
+
+namespace flowkv::flux2 {
+class Model;
+}
+namespace flowkv::qwen {
+class Model21;
+}
+
+namespace flowkv::families {
+
+std::unique_ptr<pipeline::DenoiseAdapter> flux2_adapter(const flux2::Model& m,
+                                                        const DenoiseInputs& in,
+                                                        const DenoiseOptions& opts);
+std::unique_ptr<pipeline::DenoiseAdapter> qwen21_adapter(const qwen::Model21& m,
+                                                         const DenoiseInputs& in,
+                                                         const DenoiseOptions& opts);
+
+}  // namespace flowkv::families

@@ -1,0 +1,174 @@
+// The one list of families, and finding a family by name, config, files or model name.
+#include <algorithm>
+#include <filesystem>
+
+#include "families/family.h"
+#include "flowkv/error.h"
+#include "io/mapped_file.h"
+
+namespace flowkv::families {
+
+const std::vector<Family>& registry() {
+  // The order families are listed and asked in (their config class names never overlap).
+  static const std::vector<Family> r = {flux2_family(), qwen_image_family(), qwen21_family()};
+  return r;
+}
+
+namespace {
+
+bool contains(const std::vector<std::string>& v, const std::string& s) {
+  return std::find(v.begin(), v.end(), s) != v.end();
+}
+
+std::string joined(const std::function<void(const Family&, std::vector<std::string>&)>& pick) {
+  std::vector<std::string> all;
+  for (const Family& f : registry()) pick(f, all);
+  std::string s;
+  for (const std::string& x : all) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+
+bool has_class_name(const Json& config) {
+  return config.is_object() && config.contains("_class_name") && config["_class_name"].is_string();
+}
+
+}  // namespace
+
+const Family& by_name(const std::string& name) {
+  for (const Family& f : registry()) {
+    if (f.info.name == name || contains(f.info.aliases, name)) return f;
+  }
+  fail("unknown model family '", name, "' (known: ", joined([](const Family& f, auto& v) {
+         v.push_back(f.info.name);
+         v.insert(v.end(), f.info.aliases.begin(), f.info.aliases.end());
+       }),
+       ")");
+}
+
+const Family* for_config(const Json& config) {
+  for (const Family& f : registry()) {
+    if (f.detects(config)) return &f;
+  }
+  return nullptr;
+}
+
+const Family* for_scan(const CheckpointScan& scan) {
+  if (scan.config && has_class_name(*scan.config)) return for_config(*scan.config);
+  for (const Family& f : registry()) {
+    if (f.detects_tensors && f.detects_tensors(scan)) return &f;
+  }
+  return nullptr;
+}
+
+std::optional<Json> config_of(const std::string& path) {
+  if (path.empty() || !path_exists(path)) return std::nullopt;
+  if (path_kind(path) == PathKind::kFile) {
+    if (path.size() > 5 && path.substr(path.size() - 5) == ".json") return read_json_file(path);
+    return std::nullopt;
+  }
+  for (const char* sub : {"config.json", "transformer/config.json"}) {
+    const std::string p = (std::filesystem::path(path) / sub).string();
+    if (path_exists(p)) return read_json_file(p);
+  }
+  return std::nullopt;
+}
+
+const Family& resolve(const std::string& model) {
+  for (const Family& f : registry()) {
+    if (f.has_builtin(model) || contains(f.info.released, model)) return f;
+  }
+  FLOWKV_CHECK(path_exists(model), "unknown model '", model, "': give a built-in model (",
+               joined([](const Family& f, auto& v) {
+                 v.insert(v.end(), f.info.builtins.begin(), f.info.builtins.end());
+               }),
+               "), a released shape (", joined([](const Family& f, auto& v) {
+                 v.insert(v.end(), f.info.released.begin(), f.info.released.end());
+               }),
+               "), a config.json, or a checkpoint folder or file");
+  const std::optional<Json> config = config_of(model);
+  const Family* f = nullptr;
+  if (config && has_class_name(*config)) {
+    f = for_config(*config);
+  } else if (!(path_kind(model) == PathKind::kFile && config)) {
+    f = for_scan(scan_checkpoint(model));  // no _class_name: the tensors tell
+  }
+  if (!f) {
+    const std::string cls = config && has_class_name(*config)
+                                ? "\"" + (*config)["_class_name"].get<std::string>() + "\""
+                                : "no _class_name";
+    fail(model, ": not a transformer flowkv knows (", cls, "); it runs ",
+         joined([](const Family& f, auto& v) { v.push_back(f.info.title); }));
+  }
+  return *f;
+}
+
+Tables flux1_tables() {
+  // TeaCache's rescaling polynomial, highest power first: only FLUX.1's is calibrated
+  // (TeaCache4FLUX); FLUX.2 and Qwen-Image-2.1 use it too until someone fits theirs
+  // (ComfyUI-TeaCache and vLLM-omni do the same for Qwen-Image). Override with
+  // teacache:coefficients=a/b/c/d/e.
+  // MagCache's ratios=flux1: diffusers' FLUX_MAG_RATIOS, measured on FLUX.1 at 28 steps. Not a
+  // default ("magcache.ratios"): they were not measured on these models, so a user names them.
+  return {
+      {"teacache.coefficients", {498.651651, -283.781631, 55.8554382, -3.82021401, 0.264230861}},
+      {"magcache.ratios.flux1",
+       {1.0,     1.21094, 1.11719, 1.07812, 1.0625,  1.03906, 1.03125, 1.03906, 1.02344, 1.03125,
+        1.02344, 0.98047, 1.01562, 1.00781, 1.0,     1.00781, 1.0,     1.00781, 1.0,     1.0,
+        0.99609, 0.99609, 0.98047, 0.98828, 0.96484, 0.95703, 0.93359, 0.89062}}};
+}
+
+Tensor example_tensor(Shape shape, uint64_t seed) {
+  Tensor t = Tensor::empty(std::move(shape));
+  uint64_t s = seed * 0x9e3779b97f4a7c15ull + 0x632be59bd9b4e019ull;
+  for (int64_t i = 0; i < t.numel(); ++i) {  // xorshift: inputs only need to be varied and fixed
+    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+    t.f32()[i] = static_cast<float>(static_cast<double>(s >> 11) * 0x1.0p-52 - 1.0);
+  }
+  return t;
+}
+
+KVPrediction prediction(const std::string& model, const cost::ModelShape& shape,
+                        const TokenLayout& layout, const CachePlan& plan, int steps, bool cfg) {
+  const std::vector<bool> none(layout.segments.size(), false);
+  const cost::StepCost u = cost::step_cost(shape, layout, none);
+  const cost::StepCost k = cost::step_cost(shape, layout, plan.cached);
+  KVPrediction p;
+  p.model = model;
+  p.width = shape.width;
+  p.layers = shape.layers;
+  p.steps = steps;
+  p.branches = cfg ? 2 : 1;
+  p.kv_bytes_per_element = static_cast<int>(shape.kv_bytes_per_element);
+  int64_t cached_tokens = 0;
+  for (size_t i = 0; i < layout.segments.size(); ++i) {
+    SegmentFlops s;
+    s.name = layout.segments[i].name;
+    s.tokens = layout.segments[i].tokens;
+    s.cached = plan.cached[i];
+    s.uncached_flops = p.branches * (u.segments[i].linear + u.segments[i].attention);
+    s.cached_flops = p.branches * (k.segments[i].linear + k.segments[i].attention);
+    if (s.cached) cached_tokens += s.tokens;
+    p.segments.push_back(s);
+  }
+  p.uncached_step_flops = p.branches * u.total();
+  p.cached_step_flops = p.branches * k.total();
+  p.speedup = cost::predicted_speedup(u.total(), k.total(), steps);
+  p.kv_bytes = cost::kv_payload_bytes(shape, cached_tokens, p.branches);
+  return p;
+}
+
+TokenLayout joint_layout(int64_t text, const std::vector<int64_t>& images, int64_t target) {
+  const int k = static_cast<int>(images.size());
+  std::vector<int> all;
+  for (int i = 0; i < k + 2; ++i) all.push_back(i);
+  TokenLayout l;
+  l.segments.push_back({"text", SegmentKind::kText, text, true, false, 0, all});
+  for (int i = 0; i < k; ++i) {
+    l.segments.push_back({"ref " + std::to_string(i + 1), SegmentKind::kReference,
+                          images[static_cast<size_t>(i)], true, false, 0, all});
+  }
+  l.segments.push_back({"target", SegmentKind::kTarget, target, false, false, 0, all});
+  return l;
+}
+
+}  // namespace flowkv::families

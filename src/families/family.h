@@ -1,0 +1,145 @@
+// The family registry (design.md, "Families and the request path"). A family is a folder under
+// src/models/ plus one registration here: detection from config.json, loader, built-in models,
+// its cost-model shape, its token layout and cache rules, the tables step caches read, and the
+// adapter the one denoising loop (pipeline/denoise.h) drives. Tools, API and pipeline pick a
+// family through this registry and never branch on a family's name.
+//
+// Layering: families/ sits above pipeline/, models/, cache/ and cost/, below api/.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cache/hooks.h"
+#include "cost/cost_model.h"
+#include "flowkv/inspect.h"
+#include "flowkv/model.h"
+#include "io/checkpoint.h"
+#include "io/json.h"
+#include "segments/layout.h"
+
+namespace flowkv::pipeline {
+class DenoiseAdapter;
+}
+namespace flowkv::flux2 {
+class Model;
+}
+namespace flowkv::qwen {
+class Model21;
+}
+
+namespace flowkv::families {
+
+// A loaded model of one family, as the frontend sees it.
+class FamilyModel {
+ public:
+  virtual ~FamilyModel() = default;
+  virtual std::string variant() const = 0;
+  virtual std::string config_json() const = 0;
+  virtual std::string compute_dtype() const = 0;
+  virtual int64_t in_channels() const = 0;
+  virtual int64_t text_channels() const = 0;
+  // The block topology step caches see, with the tables they read (TeaCache coefficients,
+  // MagCache ratios).
+  virtual cache::Topology topology() const = 0;
+  // The adapter the denoising loop drives for one request (validated, nothing allocated yet).
+  virtual std::unique_ptr<pipeline::DenoiseAdapter> adapter(const DenoiseInputs& in,
+                                                            const DenoiseOptions& opts) const = 0;
+  virtual Tensor forward(const DenoiseInputs& in, const ForwardOptions& opts,
+                         ForwardProfile* profile, Workspace* ws) const = 0;
+  virtual DenoiseInputs example_inputs(const ExampleShape& shape) const = 0;
+  virtual KVPrediction predict(int64_t text_tokens, const std::vector<int64_t>& image_tokens,
+                               int64_t target_tokens, int steps, bool cfg) const = 0;
+};
+
+using Tables = std::map<std::string, std::vector<double>>;
+
+struct Family {
+  FamilyInfo info;
+  // True when this config.json (its _class_name) is one of this family's transformers.
+  std::function<bool(const Json& config)> detects;
+  // Optional: true when files without a _class_name hold this family's tensors (FLUX.2's BFL
+  // single files).
+  std::function<bool(const CheckpointScan& scan)> detects_tensors;
+  // Every built-in name the loader takes (info.builtins lists those offered; this also
+  // accepts unlisted ones, e.g. the forward benchmark's "medium").
+  std::function<bool(const std::string& name)> has_builtin;
+  std::function<std::shared_ptr<const FamilyModel>(const std::string& path,
+                                                   const std::string& dtype)>
+      load;
+  std::function<std::shared_ptr<const FamilyModel>(const std::string& name, uint64_t seed,
+                                                   const std::string& dtype)>
+      builtin;
+  // Optional: writes a built-in model as a diffusers folder (export-builtin).
+  std::function<void(const std::string& name, uint64_t seed, const std::string& dtype,
+                     const std::string& dir)>
+      write_builtin;
+  // `flowkv inspect` for a checkpoint this family detects: fills family, variant, config and
+  // problems of the report (and layout and parameters where the family maps the files).
+  std::function<void(const CheckpointScan& scan, InspectReport& report)> inspect;
+  // A released shape (by name) or a config.json / checkpoint of this family, without weights.
+  std::function<KVPrediction(const PredictRequest& r)> predict_shape;
+  // The token layout of a released shape or config, for the cacheability report; nullopt when
+  // the rules are not known from the shape alone (a FLUX.2 config: Klein 9B and Klein 9B KV
+  // share one architecture).
+  std::function<std::optional<TokenLayout>(const std::string& model, int64_t text_tokens,
+                                           const std::vector<int64_t>& image_tokens,
+                                           int64_t target_tokens)>
+      layout;
+  // What its models publish for step caches (cache::Topology::tables).
+  Tables tables;
+};
+
+// Every family, in registration order (families.cc holds the one list).
+const std::vector<Family>& registry();
+// By short name or alias; throws a flowkv::Error listing the names when there is none.
+const Family& by_name(const std::string& name);
+// The family whose detects() accepts this config, or nullptr.
+const Family* for_config(const Json& config);
+// The family of a scanned checkpoint: by its config's _class_name, else (no config, or one
+// without _class_name) by its tensors; nullptr when none.
+const Family* for_scan(const CheckpointScan& scan);
+// The family of a built-in model / released shape / checkpoint path (throws when none).
+const Family& resolve(const std::string& model);
+// A config.json given as a file, or the one of a checkpoint folder (nullopt: none).
+std::optional<Json> config_of(const std::string& path);
+
+// Each family's registration (one file per family).
+Family flux2_family();
+Family qwen_image_family();
+Family qwen21_family();
+
+// A model's block topology with the tables its family publishes: what step caches are made
+// against (the families' models and their denoising adapters).
+cache::Topology flux2_topology(const flux2::Model& m);
+cache::Topology qwen21_topology(const qwen::Model21& m);
+
+// FLUX.1's step-cache tables, published by the families that have none fitted yet.
+Tables flux1_tables();
+
+// Deterministic uniform [-1, 1) values of `shape` from `seed` (example inputs).
+Tensor example_tensor(Shape shape, uint64_t seed);
+
+// A prediction from a token layout and its cache plan, through the one cost model.
+KVPrediction prediction(const std::string& model, const cost::ModelShape& shape,
+                        const TokenLayout& layout, const CachePlan& plan, int steps, bool cfg);
+
+// [text, ref 1 .. ref k, target] with the references appended to the image stream: every
+// segment reads every segment and follows the current step (FLUX.2 Klein 4B / 9B and dev,
+// Qwen-Image), so only constant inputs hold and nothing is cacheable exactly.
+TokenLayout joint_layout(int64_t text_tokens, const std::vector<int64_t>& image_tokens,
+                         int64_t target_tokens);
+
+}  // namespace flowkv::families
+
+// What the public Model holds: its family and the loaded model.
+namespace flowkv {
+struct Model::Impl {
+  const families::Family* family = nullptr;
+  std::shared_ptr<const families::FamilyModel> model;
+};
+}  // namespace flowkv

@@ -1,0 +1,276 @@
+// FLUX.2 (Klein 4B / 9B / 9B KV, dev): diffusers Flux2Transformer2DModel, or an original BFL
+// single file recognised by its tensors. Its exact cache keeps the Klein KV references.
+#include "families/flux2.h"
+#include "api/flux2_impl.h"
+#include "families/adapters.h"
+#include "families/family.h"
+#include "flowkv/error.h"
+#include "io/mapped_file.h"
+#include "models/flux2/builtin.h"
+#include "models/flux2/config.h"
+#include "models/flux2/layout.h"
+#include "models/flux2/weights.h"
+#include "pipeline/denoise.h"
+#include "pipeline/request_limits.h"
+
+namespace flowkv {
+
+namespace flux2 {
+cost::ModelShape cost_shape(const Config& c, int64_t kv_bytes_per_element) {
+  return {c.dim(), c.num_blocks(), c.mlp_hidden(), kv_bytes_per_element};
+}
+}  // namespace flux2
+
+namespace families {
+
+namespace {
+
+constexpr const char* kName = "flux2";
+
+KVPrediction predict_of(const flux2::Config& c, const std::string& name, int64_t text,
+                        const std::vector<int64_t>& refs, int64_t target, int steps, bool cfg,
+                        int64_t kv_bytes) {
+  FLOWKV_CHECK(steps >= 1, "steps must be at least 1");
+  FLOWKV_CHECK(text > 0 && target > 0, "text and target token counts must be positive");
+  pipeline::check_request_limits({.steps = steps,
+                                  .images = static_cast<int64_t>(refs.size()),
+                                  .tokens = pipeline::sum_tokens(text, refs, target)});
+  const TokenLayout layout = flux2::klein_kv_layout(text, refs, target);
+  const CachePlan plan = plan_cache(layout, /*cache_exact=*/true, /*text_kv_approx=*/false);
+  return prediction(name, flux2::cost_shape(c, kv_bytes), layout, plan, steps, cfg);
+}
+
+// Ids as the Klein pipeline builds them: target (0, y, x, 0), text (0, 0, 0, l).
+Tensor target_ids(int64_t h, int64_t w) {
+  Tensor ids = Tensor::zeros({h * w, 4});
+  for (int64_t y = 0; y < h; ++y) {
+    for (int64_t x = 0; x < w; ++x) {
+      ids.f32()[(y * w + x) * 4 + 1] = static_cast<float>(y);
+      ids.f32()[(y * w + x) * 4 + 2] = static_cast<float>(x);
+    }
+  }
+  return ids;
+}
+Tensor text_ids(int64_t l) {
+  Tensor ids = Tensor::zeros({l, 4});
+  for (int64_t i = 0; i < l; ++i) ids.f32()[i * 4 + 3] = static_cast<float>(i);
+  return ids;
+}
+
+class Flux2Model final : public FamilyModel {
+ public:
+  explicit Flux2Model(Flux2Transformer t) : t_(std::move(t)) {}
+  std::string variant() const override { return t_.variant(); }
+  std::string config_json() const override { return t_.config_json(); }
+  std::string compute_dtype() const override { return t_.compute_dtype(); }
+  int64_t in_channels() const override { return t_.in_channels(); }
+  int64_t text_channels() const override { return t_.text_channels(); }
+  cache::Topology topology() const override { return flux2_topology(model()); }
+  std::unique_ptr<pipeline::DenoiseAdapter> adapter(const DenoiseInputs& in,
+                                                    const DenoiseOptions& opts) const override {
+    return flux2_adapter(model(), in, opts);
+  }
+  Tensor forward(const DenoiseInputs& in, const ForwardOptions& opts, ForwardProfile* profile,
+                 Workspace* ws) const override;
+  DenoiseInputs example_inputs(const ExampleShape& s) const override;
+  KVPrediction predict(int64_t text, const std::vector<int64_t>& refs, int64_t target, int steps,
+                       bool cfg) const override {
+    return predict_of(model().config(), t_.variant(), text, refs, target, steps, cfg,
+                      dtype_size(model().kv_dtype()));
+  }
+
+ private:
+  const flux2::Model& model() const { return t_.impl().model; }
+  Flux2Transformer t_;
+};
+
+Tensor Flux2Model::forward(const DenoiseInputs& in, const ForwardOptions& opts,
+                           ForwardProfile* profile, Workspace* ws) const {
+  FLOWKV_CHECK(in.references.empty(),
+               "forward: FLUX.2's forward takes the prompt and the target; references are "
+               "denoise()'s");
+  FLOWKV_CHECK(in.noise.defined() && in.noise.ndim() == 3, "noise must be a [B, h*w, ",
+               in_channels(), "] tensor");
+  FLOWKV_CHECK(in.prompt.embeds.defined() && in.prompt.embeds.ndim() == 3,
+               "prompt embeddings must be a [B, L, ", text_channels(), "] tensor");
+  FLOWKV_CHECK(in.noise.dim(1) == pipeline::grid_tokens(in.height, in.width, "the target grid"),
+               "noise has ", in.noise.dim(1), " tokens for a ", in.height, "x", in.width, " grid");
+  Flux2Call c;
+  c.img = in.noise;
+  c.img_ids = target_ids(in.height, in.width);
+  c.txt = in.prompt.embeds;
+  c.txt_ids = text_ids(in.prompt.embeds.dim(1));
+  c.timestep = Tensor::from_vector(
+      std::vector<float>(static_cast<size_t>(in.noise.dim(0)), opts.sigma), {in.noise.dim(0)});
+  c.check_finite = opts.check_finite;
+  return t_.forward(c, profile, ws);
+}
+
+DenoiseInputs Flux2Model::example_inputs(const ExampleShape& s) const {
+  FLOWKV_CHECK(!s.cfg, "FLUX.2 runs no unconditional branch (its guidance is distilled)");
+  DenoiseInputs in;
+  in.prompt.embeds = example_tensor({s.batch, s.text_tokens, text_channels()}, s.seed + 1);
+  in.noise = example_tensor({s.batch, s.height * s.width, in_channels()}, s.seed + 2);
+  in.height = s.height, in.width = s.width;
+  for (size_t i = 0; i < s.references.size(); ++i) {
+    const auto [h, w] = s.references[i];
+    in.references.push_back(
+        {example_tensor({s.batch, h * w, in_channels()}, s.seed + 10 + i), h, w});
+  }
+  return in;
+}
+
+// A released shape, a built-in model, a config.json or a checkpoint (its config, or inferred
+// from its tensors).
+flux2::Config config_of_model(const std::string& model, std::string* name) {
+  flux2::Config c;
+  if (flux2::released_config(model, &c)) {
+    *name = flux2::variant_name(c);
+    return c;
+  }
+  if (flux2::builtin_config(model, &c)) {
+    *name = "built-in '" + model + "' (" + flux2::variant_name(c) + ")";
+    return c;
+  }
+  if (path_kind(model) == PathKind::kFile && model.size() > 5 &&
+      model.substr(model.size() - 5) == ".json") {
+    c = flux2::Config::from_json(read_json_file(model), model);
+  } else {
+    const CheckpointScan scan = scan_checkpoint(model);
+    if (scan.config) {
+      c = flux2::Config::from_json(*scan.config, scan.path + "/config.json");
+    } else {
+      c = flux2::infer_config(scan.tensors);
+      c.validate(scan.path + " (config inferred from shapes)");
+    }
+  }
+  *name = flux2::variant_name(c);
+  return c;
+}
+
+// Klein 9B KV is trained for its reference layout; the others append references to the image
+// stream. A config cannot tell Klein 9B from Klein 9B KV (one architecture): no rules then.
+std::optional<TokenLayout> layout_of(const std::string& model, int64_t text,
+                                     const std::vector<int64_t>& refs, int64_t target) {
+  if (model == "klein-9b-kv") return flux2::klein_kv_layout(text, refs, target);
+  flux2::Config c;
+  if (flux2::released_config(model, &c)) return joint_layout(text, refs, target);
+  return std::nullopt;
+}
+
+void inspect_files(const CheckpointScan& scan, InspectReport& r) {
+  const flux2::WeightSource src(scan);
+  if (scan.single_file && src.bfl_layout()) r.layout = "BFL original single file";
+  r.parameters = 0;
+  for (const auto& [name, t] : src.tensors()) r.parameters += shape_numel(t.shape);
+  r.family = "FLUX.2";
+  flux2::Config found;
+  try {
+    found = flux2::infer_config(src.tensors());
+  } catch (const Error& e) {
+    r.problems.push_back(e.what());
+    r.variant = "FLUX.2 whose tensors cannot be read as a model";
+    return;
+  }
+  flux2::Config cfg = found;
+  r.config_inferred = true;
+  if (scan.config) {
+    try {
+      cfg = flux2::Config::from_json(*scan.config, scan.path + "/config.json");
+      r.config_inferred = false;
+    } catch (const Error& e) {
+      r.problems.push_back(e.what());
+    }
+  }
+  try {
+    cfg.validate(r.config_inferred ? scan.path + " (config inferred from shapes)"
+                                   : scan.path + "/config.json");
+  } catch (const Error& e) {
+    r.problems.push_back(e.what());
+    r.variant = "FLUX.2 with an impossible configuration";
+    return;
+  }
+  r.variant = flux2::variant_name(cfg);
+  r.config_json = cfg.to_json().dump();
+  for (const std::string& k : src.unmapped()) r.problems.push_back("unknown BFL key: " + k);
+  if (!r.config_inferred) {
+    for (const std::string& s : flux2::config_disagreements(cfg, found, src.tensors())) {
+      r.problems.push_back(s);
+    }
+  }
+  for (const std::string& s : check_against_table(src.tensors(), flux2::weight_table(cfg))) {
+    r.problems.push_back(s);
+  }
+}
+
+FamilyInfo info() {
+  FamilyInfo i;
+  i.name = kName;
+  i.aliases = {"klein"};
+  i.title = "FLUX.2 (Klein 4B / 9B / 9B KV, dev)";
+  i.exact_cache = "reference";
+  i.images = "reference";
+  i.builtins = flux2::builtin_names();
+  i.default_builtin = "small";
+  i.released = {"klein-9b-kv", "klein-4b", "klein-9b", "dev"};
+  i.default_steps = 4;
+  i.bench_steps = {4, 8, 28};
+  i.bench_images = {1, 2, 3};
+  i.true_cfg = false;
+  i.text_kv_approx = true;
+  return i;
+}
+
+std::shared_ptr<const FamilyModel> wrap(Flux2Transformer t) {
+  return std::make_shared<Flux2Model>(std::move(t));
+}
+
+}  // namespace
+
+cache::Topology flux2_topology(const flux2::Model& m) {
+  cache::Topology t = m.topology();
+  t.tables = flux1_tables();
+  return t;
+}
+
+Family flux2_family() {
+  Family f;
+  f.info = info();
+  f.detects = [](const Json& j) {
+    return j.is_object() && j.contains("_class_name") && j["_class_name"].is_string() &&
+           j["_class_name"].get<std::string>() == "Flux2Transformer2DModel";
+  };
+  f.detects_tensors = [](const CheckpointScan& scan) {
+    const flux2::WeightSource src(scan);
+    return src.tensors().count("double_stream_modulation_img.linear.weight") > 0 ||
+           src.tensors().count("single_stream_modulation.linear.weight") > 0;
+  };
+  f.has_builtin = [](const std::string& name) {
+    flux2::Config c;
+    return flux2::builtin_config(name, &c);
+  };
+  f.load = [](const std::string& path, const std::string& dtype) {
+    return wrap(Flux2Transformer::load(path, {dtype}));
+  };
+  f.builtin = [](const std::string& name, uint64_t seed, const std::string& dtype) {
+    return wrap(Flux2Transformer::builtin(name, seed, dtype));
+  };
+  f.write_builtin = Flux2Transformer::write_builtin;
+  f.inspect = inspect_files;
+  f.predict_shape = [](const PredictRequest& r) {
+    std::string name;
+    const flux2::Config c = config_of_model(r.model, &name);
+    return predict_of(c, name, r.text_tokens, r.ref_tokens, r.target_tokens, r.steps, r.cfg,
+                      r.kv_bytes_per_element);
+  };
+  f.layout = layout_of;
+  f.tables = flux1_tables();
+  return f;
+}
+
+}  // namespace families
+
+Model::Model(const Flux2Transformer& m)
+    : impl_(std::make_shared<Impl>(Impl{&families::by_name(families::kName), families::wrap(m)})) {}
+
+}  // namespace flowkv

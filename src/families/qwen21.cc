@@ -1,0 +1,279 @@
+// Qwen-Image-2.1: diffusers QwenImage21Transformer2DModel. Its exact cache keeps the prefix
+// (condition images and text, block-causal) when the checkpoint has causal_condition.
+#include "families/qwen21.h"
+#include "api/flux2_impl.h"
+#include "api/qwen21_impl.h"
+#include "families/adapters.h"
+#include "families/family.h"
+#include "flowkv/error.h"
+#include "models/qwen_image/builtin.h"
+#include "models/qwen_image/config.h"
+#include "models/qwen_image/layout21.h"
+#include "models/qwen_image/weights.h"
+#include "pipeline/denoise.h"
+#include "pipeline/request_limits.h"
+
+namespace flowkv::qwen {
+
+cost::ModelShape cost_shape(const Config21& c, int64_t kv_bytes_per_element) {
+  return {c.dim(), c.num_layers, c.mlp_hidden(), kv_bytes_per_element};
+}
+
+}  // namespace flowkv::qwen
+
+namespace flowkv {
+
+namespace families {
+
+namespace {
+
+constexpr const char* kName = "qwen21";
+constexpr const char* kClass = "QwenImage21Transformer2DModel";
+
+std::string describe(const qwen::Config21& c) {
+  return "Qwen-Image-2.1 (" + std::to_string(c.num_layers) + " blocks, width " +
+         std::to_string(c.dim()) +
+         (c.causal_condition ? ", causal_condition" : ", no causal_condition") + ")";
+}
+
+// Text after the condition images (each a run of 2x2-latent slots), target last.
+KVPrediction predict_of(const qwen::Config21& c, const std::string& name, int64_t text,
+                        const std::vector<int64_t>& conds, int64_t target, int steps, bool cfg,
+                        int64_t kv_bytes) {
+  FLOWKV_CHECK(steps >= 1 && text >= 0 && target > 0,
+               "steps and the target's tokens must be positive, text tokens non-negative");
+  pipeline::check_request_limits({.steps = steps,
+                                  .images = static_cast<int64_t>(conds.size()),
+                                  .tokens = pipeline::sum_tokens(text, conds, target)});
+  std::vector<uint8_t> slots;
+  std::vector<qwen::Grid> grids;
+  for (int64_t n : conds) {
+    FLOWKV_CHECK(n % 4 == 0, "a condition image needs a multiple of 4 latent tokens");
+    slots.insert(slots.end(), static_cast<size_t>(n / 4), 1);
+    grids.push_back({n / 4, 4});
+  }
+  slots.insert(slots.end(), static_cast<size_t>(text), 0);
+  FLOWKV_CHECK(target % 4 == 0, "the target needs a multiple of 4 latent tokens");
+  const qwen::Layout21 l = qwen::build_layout21(static_cast<int64_t>(slots.size()), slots.data(),
+                                                grids, {target / 4, 4});
+  const TokenLayout layout = qwen::token_layout21(l, c.causal_condition);
+  const CachePlan plan = plan_cache(layout, true, false);
+  return prediction(name, qwen::cost_shape(c, kv_bytes), layout, plan, steps, cfg);
+}
+
+class Qwen21Model final : public FamilyModel {
+ public:
+  explicit Qwen21Model(QwenImage21Transformer t) : t_(std::move(t)) {}
+  std::string variant() const override { return t_.variant(); }
+  std::string config_json() const override { return t_.config_json(); }
+  std::string compute_dtype() const override { return t_.compute_dtype(); }
+  int64_t in_channels() const override { return t_.in_channels(); }
+  int64_t text_channels() const override { return t_.text_channels(); }
+  cache::Topology topology() const override { return qwen21_topology(model()); }
+  std::unique_ptr<pipeline::DenoiseAdapter> adapter(const DenoiseInputs& in,
+                                                    const DenoiseOptions& opts) const override {
+    return qwen21_adapter(model(), in, opts);
+  }
+  Tensor forward(const DenoiseInputs& in, const ForwardOptions& opts, ForwardProfile* profile,
+                 Workspace* ws) const override {
+    FLOWKV_CHECK(in.noise.defined() && in.noise.ndim() == 3, "noise must be a [B, h*w, ",
+                 in_channels(), "] tensor");
+    Qwen21Call c;
+    c.img = in.noise;
+    c.height = in.height, c.width = in.width;
+    c.txt = in.prompt.embeds;
+    c.txt_slots = in.prompt.slots;
+    c.txt_mask = in.prompt.mask;
+    c.conditions = in.references;
+    c.timestep = Tensor::from_vector(
+        std::vector<float>(static_cast<size_t>(in.noise.dim(0)), opts.sigma), {in.noise.dim(0)});
+    c.check_finite = opts.check_finite;
+    return t_.forward(c, profile, ws);
+  }
+  DenoiseInputs example_inputs(const ExampleShape& s) const override;
+  KVPrediction predict(int64_t text, const std::vector<int64_t>& conds, int64_t target, int steps,
+                       bool cfg) const override {
+    return predict_of(model().config(), t_.variant(), text, conds, target, steps, cfg,
+                      dtype_size(model().kv_dtype()));
+  }
+
+ private:
+  const qwen::Model21& model() const { return t_.impl().model; }
+  QwenImage21Transformer t_;
+};
+
+// The prompt rows hold the condition images' slots (an h x w image is h*w/4 slots) before the
+// text rows; the negative prompt has the same layout, so CFG can batch both branches.
+DenoiseInputs Qwen21Model::example_inputs(const ExampleShape& s) const {
+  auto check = [](int64_t tokens) {
+    FLOWKV_CHECK(tokens % 4 == 0,
+                 "Qwen-Image-2.1 grids need a multiple of 4 tokens (2x2 per slot), got ", tokens);
+  };
+  check(s.height * s.width);
+  std::vector<uint8_t> slots;
+  for (const auto& [h, w] : s.references) {
+    check(h * w);
+    slots.insert(slots.end(), static_cast<size_t>(h * w / 4), 1);
+  }
+  slots.insert(slots.end(), static_cast<size_t>(s.text_tokens), 0);
+  const int64_t rows = static_cast<int64_t>(slots.size());
+  DenoiseInputs in;
+  in.prompt = {example_tensor({s.batch, rows, text_channels()}, s.seed + 1), slots, {}};
+  if (s.cfg) {
+    in.negative = {example_tensor({s.batch, rows, text_channels()}, s.seed + 3), slots, {}};
+    in.cfg_scale = 4.0f;
+  }
+  in.noise = example_tensor({s.batch, s.height * s.width, in_channels()}, s.seed + 2);
+  in.height = s.height, in.width = s.width;
+  for (size_t i = 0; i < s.references.size(); ++i) {
+    const auto [h, w] = s.references[i];
+    in.references.push_back(
+        {example_tensor({s.batch, h * w, in_channels()}, s.seed + 10 + i), h, w});
+  }
+  return in;
+}
+
+// A released shape, a built-in model, or the config of a config.json / checkpoint folder.
+qwen::Config21 config_of_model(const std::string& model, std::string* name) {
+  if (model == "qwen-image-2.1" || model == "qwen-image-2.1-no-causal") {
+    qwen::Config21 c;
+    c.causal_condition = model == "qwen-image-2.1";
+    *name = describe(c) + ", as released";
+    return c;
+  }
+  qwen::Config21 c;
+  if (qwen::builtin_config21(model, &c)) {
+    *name = "built-in '" + model + "' (" + describe(c) + ")";
+    return c;
+  }
+  const std::optional<Json> j = config_of(model);
+  FLOWKV_CHECK(j, model, ": no config.json found");
+  c = qwen::Config21::from_json(*j, model);
+  *name = describe(c);
+  return c;
+}
+
+// Condition images first, each reading what precedes it and itself; the text after them,
+// causal; the target reads everything. Under causal_condition the prefix is modulated from
+// t = 0.
+std::optional<TokenLayout> layout_of(const std::string& model, int64_t text,
+                                     const std::vector<int64_t>& conds, int64_t target) {
+  std::string name;
+  const bool causal = config_of_model(model, &name).causal_condition;
+  const int k = static_cast<int>(conds.size());
+  TokenLayout l;
+  std::vector<int> before;
+  for (int i = 0; i < k; ++i) {
+    Segment s{"condition " + std::to_string(i + 1),
+              SegmentKind::kReference,
+              conds[static_cast<size_t>(i)],
+              true,
+              causal,
+              0,
+              before};
+    s.reads.push_back(i);
+    before.push_back(i);
+    l.segments.push_back(s);
+  }
+  Segment t{"text", SegmentKind::kText, text, true, causal, 0, before};
+  t.reads.push_back(k);
+  t.causal = true;
+  before.push_back(k);
+  l.segments.push_back(t);
+  Segment g{"target", SegmentKind::kTarget, target, false, false, 0, before};
+  g.reads.push_back(k + 1);
+  l.segments.push_back(g);
+  return l;
+}
+
+void inspect_files(const CheckpointScan& scan, InspectReport& r) {
+  r.family = "Qwen-Image-2.1";
+  try {
+    const qwen::Config21 c = qwen::Config21::from_json(*scan.config, scan.path + "/config.json");
+    r.config_json = c.to_json().dump();
+    r.variant =
+        "Qwen-Image-2.1 (" + std::to_string(c.num_layers) + " blocks, width " +
+        std::to_string(c.dim()) + "); exact prefix cache " +
+        (c.causal_condition ? "available (causal_condition)" : "unavailable (no causal_condition)");
+    for (const std::string& p : check_against_table(scan.tensors, qwen::weight_table(c)))
+      r.problems.push_back(p);
+  } catch (const Error& e) {
+    r.problems.push_back(e.what());
+  }
+}
+
+void write_builtin(const std::string& name, uint64_t seed, const std::string& dtype,
+                   const std::string& dir) {
+  qwen::Config21 c;
+  FLOWKV_CHECK(qwen::builtin_config21(name, &c), "no built-in Qwen-Image-2.1 model '", name, "'");
+  const auto weights = qwen::random_weights21(c, seed, parse_dtype_option(dtype).compute);
+  std::vector<TensorToWrite> list;
+  for (const ExpectedTensor& e : qwen::weight_table(c)) {
+    const Tensor& t = weights.at(e.name);
+    list.push_back({e.name, t.dtype(), t.shape(), t.raw()});
+  }
+  write_diffusers_folder(dir, c.to_json(), list);
+}
+
+FamilyInfo info() {
+  FamilyInfo i;
+  i.name = kName;
+  i.title = "Qwen-Image-2.1";
+  i.exact_cache = "prefix (text + condition images)";
+  i.images = "condition image";
+  i.builtins = qwen::builtin_names21();
+  i.default_builtin = "qwen21-small";
+  i.released = {"qwen-image-2.1", "qwen-image-2.1-no-causal"};
+  i.default_steps = 40;
+  i.bench_steps = {4, 8};
+  i.bench_images = {0, 1, 2};
+  i.true_cfg = true;
+  i.grid_multiple = 4;
+  return i;
+}
+
+std::shared_ptr<const FamilyModel> wrap(QwenImage21Transformer t) {
+  return std::make_shared<Qwen21Model>(std::move(t));
+}
+
+}  // namespace
+
+cache::Topology qwen21_topology(const qwen::Model21& m) {
+  cache::Topology t = m.topology();
+  t.tables = flux1_tables();
+  return t;
+}
+
+Family qwen21_family() {
+  Family f;
+  f.info = info();
+  f.detects = [](const Json& j) { return qwen::class_name(j) == kClass; };
+  f.has_builtin = [](const std::string& name) {
+    qwen::Config21 c;
+    return qwen::builtin_config21(name, &c);
+  };
+  f.load = [](const std::string& path, const std::string& dtype) {
+    return wrap(QwenImage21Transformer::load(path, dtype));
+  };
+  f.builtin = [](const std::string& name, uint64_t seed, const std::string& dtype) {
+    return wrap(QwenImage21Transformer::builtin(name, seed, dtype));
+  };
+  f.write_builtin = write_builtin;
+  f.inspect = inspect_files;
+  f.predict_shape = [](const PredictRequest& r) {
+    std::string name;
+    const qwen::Config21 c = config_of_model(r.model, &name);
+    return predict_of(c, name, r.text_tokens, r.ref_tokens, r.target_tokens, r.steps, r.cfg,
+                      r.kv_bytes_per_element);
+  };
+  f.layout = layout_of;
+  f.tables = flux1_tables();
+  return f;
+}
+
+}  // namespace families
+
+Model::Model(const QwenImage21Transformer& m)
+    : impl_(std::make_shared<Impl>(Impl{&families::by_name(families::kName), families::wrap(m)})) {}
+
+}  // namespace flowkv

@@ -1,0 +1,124 @@
+#include "pipeline/denoise.h"
+
+#include <chrono>
+
+#include "flowkv/error.h"
+#include "flowkv/tensor.h"
+#include "pipeline/request_limits.h"
+#include "pipeline/step_caches.h"
+
+namespace flowkv::pipeline {
+
+namespace {
+
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::vector<double> sigma_grid(const LoopOptions& o) {
+  if (!o.sigmas.empty()) return o.sigmas;
+  FLOWKV_CHECK(o.steps >= 1, "denoise: at least one step, got ", o.steps);
+  return sched::linspace_sigmas(o.steps);
+}
+
+// Branch 0 computed, branch 1 (the unconditional one) skipped or computed: the step hooks fill
+// or observe it.
+void finish_branches(StepCaches& sc, cache::StepContext ctx, DenoiseAdapter& a, bool ran_uncond) {
+  ctx.branch = 1;
+  const int64_t B = a.batch(), N = a.tokens(), C = a.channels();
+  const int64_t h = a.grid_height(), w = a.grid_width();
+  if (!ran_uncond) {
+    sc.policy().fill_branch(ctx, a.velocity(0), a.velocity(1), B, N, C, h, w);
+  } else {
+    sc.policy().observe_branches(ctx, a.velocity(0), a.velocity(1), B, N, C, h, w);
+  }
+}
+
+// v = v_uncond + s * (v_cond - v_uncond); without CFG, v = v_cond.
+void guide(const float* cond, const float* uncond, float scale, int64_t n, float* v) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (!uncond) {
+      v[i] = cond[i];
+      continue;
+    }
+    const float d = cond[i] - uncond[i];
+    const float s = scale * d;
+    v[i] = uncond[i] + s;
+  }
+}
+
+}  // namespace
+
+int64_t planned_kv_bytes(const DenoiseAdapter& a) {
+  a.validate();
+  return a.planned_kv_bytes();
+}
+
+LoopResult run_denoise(const ExecContext& ctx, DenoiseAdapter& a, const LoopOptions& o) {
+  const double t_start = now();
+  a.validate();
+  check_kv_budget(a.planned_kv_bytes(), o.kv_budget_bytes, a.kv_name(), a.kv_advice());
+  LoopResult res;
+  StepCaches step_caches(o.step_caches, a.topology());
+  const int branches = a.prepare(step_caches.active());
+  res.cfg = a.cfg();
+  res.batched_cfg = a.batched_cfg();
+  res.approximate = a.approximate();
+  res.kv_bytes = a.kv_bytes();
+
+  // Schedule (spec §5.6): the sigma grid, the family's shift mu, the scheduler's timesteps.
+  const std::vector<double> sigmas = sigma_grid(o);
+  const int steps = static_cast<int>(sigmas.size());
+  const sched::FlowMatchConfig scheduler = o.scheduler ? *o.scheduler : a.scheduler();
+  res.mu = a.mu(steps, scheduler);
+  res.schedule = sched::set_timesteps(scheduler, sigmas, res.mu);
+
+  const int64_t B = a.batch(), N = a.tokens(), C = a.channels(), n = B * N * C;
+  const bool bf16 = a.bf16();
+  res.latents.assign(a.noise(), a.noise() + n);
+  if (bf16) {
+    for (float& v : res.latents) v = round_bf16(v);
+  }
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int k = 0; k < steps; ++k) {
+    const size_t ks = static_cast<size_t>(k);
+    StepCall call{.step = k,
+                  .steps = steps,
+                  .timestep = sched::model_timestep(res.schedule.timesteps[ks], bf16),
+                  .latents = res.latents.data()};
+    cache::StepContext sc;
+    sc.step = k, sc.num_steps = steps, sc.cfg = res.cfg;
+    sc.sigma = static_cast<float>(res.schedule.sigmas[ks]);
+    sc.timestep = static_cast<float>(res.schedule.timesteps[ks]);
+    double step_seconds = 0;
+    bool ran_uncond = true;
+    for (int b = 0; b < branches; ++b) {
+      sc.branch = b;
+      sc.prefill = a.prefill(b, k);
+      call.hooks = step_caches.at(sc);
+      if (call.hooks && !step_caches.policy().run_branch(sc)) {
+        ran_uncond = false;  // filled from the conditional output below
+        continue;
+      }
+      const double t0 = now();
+      a.forward(ctx, b, call);
+      step_seconds += now() - t0;
+    }
+    if (branches == 2 && step_caches.active()) finish_branches(step_caches, sc, a, ran_uncond);
+    res.step_seconds.push_back(step_seconds);
+    res.transformer_seconds += step_seconds;
+
+    const float* cond = a.velocity(0);
+    const float* uncond = !res.cfg ? nullptr : res.batched_cfg ? cond + n : a.velocity(1);
+    guide(cond, uncond, a.cfg_scale(), n, v.data());
+    sched::euler_step(res.latents.data(), v.data(), n, res.schedule.sigmas[ks],
+                      res.schedule.sigmas[ks + 1], bf16);
+    if (o.observe) o.observe(k, cond, uncond, v.data(), res.latents.data());
+    if (o.on_step) o.on_step(k + 1, steps);
+  }
+  res.step_caches = step_caches.stats();
+  res.loop_seconds = now() - t_start;
+  return res;
+}
+
+}  // namespace flowkv::pipeline

@@ -1,0 +1,105 @@
+// The one denoising loop (design.md, "One denoise loop"): the schedule and mu, the KV budget
+// check, the step context and step hooks, classifier-free guidance (batched or per branch),
+// the Euler update, timings and progress are written here once. A family supplies a small
+// adapter: its request checked against the limits, its branches (each owning its KV memory),
+// and one forward per branch. The loop knows no model and no family.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cache/hooks.h"
+#include "core/exec_context.h"
+#include "flowkv/step_cache.h"
+#include "sched/flow_match.h"
+
+namespace flowkv::pipeline {
+
+// One model call the loop asks of an adapter.
+struct StepCall {
+  int step = 0, steps = 1;
+  float timestep = 1;              // the model's input time (sigma; bf16-rounded for bf16 models)
+  const float* latents = nullptr;  // [B, N, C] the current latents
+  cache::BlockHooks* hooks = nullptr;  // step caches of this branch, or nullptr
+};
+
+class DenoiseAdapter {
+ public:
+  virtual ~DenoiseAdapter() = default;
+
+  // --- the request, before anything is allocated
+  // Checks the request's sizes against the limits and its predicted memory against the
+  // budget (throws flowkv::Error naming the problem).
+  virtual void validate() const = 0;
+  // Bytes the request's KV memories will hold (all branches), and how to name them in a
+  // budget error: what the cache is, and what else helps.
+  virtual int64_t planned_kv_bytes() const = 0;
+  virtual std::string kv_name() const = 0;
+  virtual std::string kv_advice() const = 0;
+
+  // --- sizes and schedule
+  virtual int64_t batch() const = 0;
+  virtual int64_t tokens() const = 0;       // target tokens N
+  virtual int64_t channels() const = 0;     // latent channels C
+  virtual int64_t grid_height() const = 0;  // the target's latent grid (h * w = N)
+  virtual int64_t grid_width() const = 0;
+  virtual const float* noise() const = 0;
+  virtual bool bf16() const = 0;  // the model computes in bf16: latents and times rounded
+  virtual sched::FlowMatchConfig scheduler() const = 0;
+  // The schedule's shift for this request under scheduler config `cfg`.
+  virtual double mu(int steps, const sched::FlowMatchConfig& cfg) const = 0;
+  virtual cache::Topology topology() const = 0;
+
+  // --- the loop
+  // Allocates the branches and their KV memories; returns their count (1, or 2 with CFG).
+  // `separate`: run CFG branches as separate calls (step caches keep state per branch).
+  virtual int prepare(bool separate) = 0;
+  virtual bool cfg() const = 0;          // an unconditional branch is part of the request
+  virtual bool batched_cfg() const = 0;  // after prepare: both branches in one forward
+  virtual float cfg_scale() const = 0;
+  virtual int64_t kv_bytes() const = 0;  // after prepare: the memories' payload
+  virtual bool approximate() const = 0;  // a named approximation is in use
+  // Whether branch b's call at `step` stores an exact cache (hooks must not skip then).
+  virtual bool prefill(int branch, int step) const = 0;
+  // Runs branch b; its velocity (the conditional one first when batched) lands in velocity().
+  virtual void forward(const ExecContext& ctx, int branch, const StepCall& call) = 0;
+  // Branch b's output: [B, N, C]; for a batched CFG branch 0, [2B, N, C] (cond, then uncond).
+  virtual float* velocity(int branch) = 0;
+};
+
+struct LoopOptions {
+  int steps = 0;               // ignored when sigmas are given
+  std::vector<double> sigmas;  // empty: linspace(1, 1/n, n)
+  // The scheduler's config when it is not the family's default (a pipeline folder's
+  // scheduler_config.json).
+  std::optional<sched::FlowMatchConfig> scheduler;
+  int64_t kv_budget_bytes = -1;
+  std::vector<std::string> step_caches;
+  std::function<void(int step, int steps)> on_step;
+  // Sees every step's velocities (uncond nullptr without CFG), the guided velocity and the
+  // latents after the update (tests).
+  std::function<void(int step, const float* cond, const float* uncond, const float* v,
+                     const float* latents)>
+      observe;
+};
+
+struct LoopResult {
+  std::vector<float> latents;  // [B, N, C]
+  sched::Schedule schedule;
+  double mu = 0;
+  std::vector<double> step_seconds;  // transformer time per step
+  double transformer_seconds = 0;
+  double loop_seconds = 0;
+  int64_t kv_bytes = 0;
+  bool cfg = false, batched_cfg = false, approximate = false;
+  std::vector<StepCacheStats> step_caches;
+};
+
+// Checks the request and the budget (nothing allocated), returns the planned KV bytes.
+int64_t planned_kv_bytes(const DenoiseAdapter& a);
+
+LoopResult run_denoise(const ExecContext& ctx, DenoiseAdapter& a, const LoopOptions& opts);
+
+}  // namespace flowkv::pipeline

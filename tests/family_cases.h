@@ -1,0 +1,42 @@
+// The (family, built-in model) pairs the per-family tests run over, derived from the registry:
+// a new family is tested by registering.
+#pragma once
+
+#include <cctype>
+#include <cstring>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "flowkv/model.h"
+
+namespace flowkv::test {
+
+struct FamilyCase {
+  std::string family, builtin;
+};
+inline void PrintTo(const FamilyCase& c, std::ostream* os) {
+  *os << c.family << "/" << c.builtin;
+}
+
+inline std::vector<FamilyCase> all_builtins() {
+  std::vector<FamilyCase> out;
+  for (const FamilyInfo& f : registered_families()) {
+    for (const std::string& b : f.builtins) out.push_back({f.name, b});
+  }
+  return out;
+}
+
+// A test name for a case: the built-in's name with anything but letters and digits as '_'.
+inline std::string case_name(const FamilyCase& c) {
+  std::string n = c.builtin;
+  for (char& ch : n) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+  return n;
+}
+
+inline bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() &&
+         std::memcmp(a.raw(), b.raw(), static_cast<size_t>(a.nbytes())) == 0;
+}
+
+}  // namespace flowkv::test
