@@ -34,6 +34,18 @@ inline std::string case_name(const FamilyCase& c) {
   return n;
 }
 
+// Settings under which each block-level policy skips or reuses something on random-weight
+// models (they change a lot from step to step: thresholds high enough to fire).
+inline const std::vector<std::string> kModelFiring = {
+    "fbcache:threshold=10",
+    "dbcache:fn=1,threshold=10,warmup=1",
+    "teacache:threshold=10",
+    "magcache:ratios=flux1,threshold=0.5",
+    "taylorseer:interval=2,before=1",
+    "fora:interval=2",
+    "pab:lo=-1,hi=2000",
+};
+
 inline bool same_bits(const Tensor& a, const Tensor& b) {
   return a.shape() == b.shape() &&
          std::memcmp(a.raw(), b.raw(), static_cast<size_t>(a.nbytes())) == 0;

@@ -25,17 +25,13 @@ using test::all_builtins;
 
 using test::same_bits;
 
-// Settings under which each policy skips or reuses something on these small models.
-const std::vector<std::string> kFiring = {
-    "fbcache:threshold=10",
-    "dbcache:fn=1,threshold=10,warmup=1",
-    "teacache:threshold=10",
-    "magcache:ratios=flux1,threshold=0.5",
-    "taylorseer:interval=2,before=1",
-    "fora:interval=2",
-    "pab:lo=-1,hi=2000",
-    "fastercache:uncond_hi=2000,attn_hi=2000",
-};
+// Every policy, at settings that fire on these models (FasterCache: its CFG-branch skipping and
+// its attention extrapolation in range).
+const std::vector<std::string> kFiring = [] {
+  std::vector<std::string> v = test::kModelFiring;
+  v.push_back("fastercache:uncond_hi=2000,attn_hi=2000");
+  return v;
+}();
 
 class FamilyDenoise : public ::testing::TestWithParam<Case> {
  protected:

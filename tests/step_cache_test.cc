@@ -15,6 +15,7 @@
 #include "cache/policy.h"
 #include "cache/spectral.h"
 #include "families/family.h"
+#include "family_cases.h"
 #include "fixtures.h"
 #include "flowkv/error.h"
 #include "flowkv/step_cache.h"
@@ -496,16 +497,7 @@ TEST(StepCacheIsolation, BranchesNeverShareState) {
 
 // ---------------------------------------------------------------- inside the models
 
-// Random-weight models change a lot from step to step: thresholds high enough to fire.
-const std::vector<std::string> kModelFiring = {
-    "fbcache:threshold=10",
-    "dbcache:fn=1,threshold=10,warmup=1",
-    "teacache:threshold=10",
-    "magcache:ratios=flux1,threshold=0.5",
-    "taylorseer:interval=2,before=1",
-    "fora:interval=2",
-    "pab:lo=-1,hi=2000",
-};
+using test::kModelFiring;
 
 // FLUX.2 Klein at the "tiny" widths with the "small" model's depth (2 double + 6 single
 // blocks): deep enough for DBCache's front, middle and back blocks at a small fraction of the

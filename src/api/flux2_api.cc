@@ -1,7 +1,7 @@
-#include <chrono>
 #include <cstring>
 
 #include "api/flux2_impl.h"
+#include "api/forward_run.h"
 #include "core/arena.h"
 #include "core/checked.h"
 #include "families/flux2.h"
@@ -155,30 +155,15 @@ Tensor Flux2Transformer::forward(const Flux2Call& call, ForwardProfile* profile,
   a.timestep = call.timestep.f32();
   a.guidance = call.guidance.defined() ? call.guidance.f32() : nullptr;
   a.out = out.f32();
-  Workspace local;
-  Arena& arena = (ws ? *ws : local).arena();
-  Profile prof;
-  const auto t0 = std::chrono::steady_clock::now();
-  FiniteChecker finite;
-  if (call.check_finite) {
-    for (const auto& [t, name] : {std::pair{&call.img, "img"},
-                                  {&call.txt, "txt"},
-                                  {&call.timestep, "timestep"},
-                                  {&call.guidance, "guidance"}}) {
-      if (t->defined()) finite.record(name, *t);
-    }
+  api::ForwardRun run(ws, call.check_finite, profile);
+  for (const auto& [t, name] : {std::pair{&call.img, "img"},
+                                {&call.txt, "txt"},
+                                {&call.timestep, "timestep"},
+                                {&call.guidance, "guidance"}}) {
+    run.input(name, *t);
   }
-  impl_->model.forward(
-      {&arena, KernelPath::kFast, call.check_finite ? &finite : nullptr, profile ? &prof : nullptr},
-      a);
-  if (call.check_finite) finite.record("output", out);
-  if (profile) {
-    profile->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    profile->linear_seconds = prof.linear.seconds;
-    profile->linear_flops = prof.linear.flops;
-    profile->attention_seconds = prof.attention.seconds;
-    profile->attention_flops = prof.attention.flops;
-  }
+  impl_->model.forward(run.context(), a);
+  run.finish(out);
   return out;
 }
 

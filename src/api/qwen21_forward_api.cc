@@ -1,13 +1,14 @@
 // QwenImage21Transformer::forward: one forward of Qwen-Image-2.1 from tensors, symmetrical with
 // Flux2Transformer::forward. Every shape is checked here, where the tensors enter, with a
 // flowkv::Error naming the field.
-#include <chrono>
 #include <string>
 #include <utility>
 
+#include "api/forward_run.h"
 #include "api/qwen21_impl.h"
 #include "core/arena.h"
 #include "core/checked.h"
+#include "families/qwen21.h"
 #include "flowkv/error.h"
 #include "flowkv/qwen_image.h"
 #include "pipeline/request_limits.h"
@@ -102,7 +103,7 @@ Tensor QwenImage21Transformer::forward(const Qwen21Call& call, ForwardProfile* p
       // Each slot row stands for 4 tokens: the text rows bound the sequence from below.
       .tokens = pipeline::sum_tokens(call.txt.dim(1), images, call.img.dim(1))};
   pipeline::check_request_limits(size);
-  pipeline::check_request_memory({c.dim(), c.num_layers, c.mlp_hidden(), 2}, size);
+  pipeline::check_request_memory(qwen::cost_shape(c, 2), size);
   std::vector<uint8_t> valid;
   if (call.txt_mask.defined()) {
     const Tensor f = call.txt_mask.to_f32();
@@ -111,29 +112,14 @@ Tensor QwenImage21Transformer::forward(const Qwen21Call& call, ForwardProfile* p
   Tensor out = Tensor::empty({b, call.img.dim(1), c.out_features()});
   qwen::Args21 a = args_of(call, m, valid);
   a.out = out.f32();
-  Workspace local;
-  Arena& arena = (ws ? *ws : local).arena();
-  Profile prof;
-  const auto t0 = std::chrono::steady_clock::now();
-  FiniteChecker finite;
-  if (call.check_finite) {
-    finite.record("img", call.img);
-    finite.record("txt", call.txt);
-    finite.record("timestep", call.timestep);
-    for (size_t i = 0; i < call.conditions.size(); ++i)
-      finite.record("conditions[" + std::to_string(i) + "]", call.conditions[i].latents);
-  }
-  m.forward(
-      {&arena, KernelPath::kFast, call.check_finite ? &finite : nullptr, profile ? &prof : nullptr},
-      a);
-  if (call.check_finite) finite.record("output", out);
-  if (profile) {
-    profile->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    profile->linear_seconds = prof.linear.seconds;
-    profile->linear_flops = prof.linear.flops;
-    profile->attention_seconds = prof.attention.seconds;
-    profile->attention_flops = prof.attention.flops;
-  }
+  api::ForwardRun run(ws, call.check_finite, profile);
+  run.input("img", call.img);
+  run.input("txt", call.txt);
+  run.input("timestep", call.timestep);
+  for (size_t i = 0; i < call.conditions.size(); ++i)
+    run.input("conditions[" + std::to_string(i) + "]", call.conditions[i].latents);
+  m.forward(run.context(), a);
+  run.finish(out);
   return out;
 }
 
