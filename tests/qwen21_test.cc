@@ -5,10 +5,10 @@
 
 #include <set>
 
-#include "api/qwen21_impl.h"
 #include "cache/hooks.h"
 #include "cache/kv_memory.h"
 #include "cost/cost_model.h"
+#include "families/qwen21_impl.h"
 #include "fixtures.h"
 #include "flowkv/error.h"
 #include "flowkv/qwen_image.h"

@@ -1,30 +1,16 @@
 #include <cstring>
 
-#include "api/flux2_impl.h"
 #include "api/forward_run.h"
 #include "core/arena.h"
 #include "core/checked.h"
 #include "families/flux2.h"
+#include "families/flux2_impl.h"
 #include "flowkv/error.h"
 #include "io/checkpoint.h"
 #include "models/flux2/builtin.h"
 #include "pipeline/request_limits.h"
 
 namespace flowkv {
-
-flux2::LoadOptions parse_dtype_option(const std::string& dtype) {
-  flux2::LoadOptions o;
-  if (dtype == "auto") return o;
-  o.auto_dtype = false;
-  if (dtype == "f32" || dtype == "F32") {
-    o.compute = DType::kF32;
-  } else if (dtype == "bf16" || dtype == "BF16") {
-    o.compute = DType::kBF16;
-  } else {
-    fail("unknown dtype '", dtype, "': use auto, f32 or bf16");
-  }
-  return o;
-}
 
 namespace {
 flux2::Config builtin_or_fail(const std::string& name) {

@@ -5,10 +5,10 @@
 #include <utility>
 
 #include "api/forward_run.h"
-#include "api/qwen21_impl.h"
 #include "core/arena.h"
 #include "core/checked.h"
 #include "families/qwen21.h"
+#include "families/qwen21_impl.h"
 #include "flowkv/error.h"
 #include "flowkv/qwen_image.h"
 #include "pipeline/request_limits.h"

@@ -1,7 +1,7 @@
 #include "flowkv/qwen_image.h"
 
-#include "api/flux2_impl.h"
-#include "api/qwen21_impl.h"
+#include "families/flux2_impl.h"
+#include "families/qwen21_impl.h"
 #include "flowkv/error.h"
 #include "models/qwen_image/builtin.h"
 

@@ -1,9 +1,9 @@
 // FLUX.2 (Klein 4B / 9B / 9B KV, dev): diffusers Flux2Transformer2DModel, or an original BFL
 // single file recognised by its tensors. Its exact cache keeps the Klein KV references.
 #include "families/flux2.h"
-#include "api/flux2_impl.h"
 #include "families/adapters.h"
 #include "families/family.h"
+#include "families/flux2_impl.h"
 #include "flowkv/error.h"
 #include "io/mapped_file.h"
 #include "models/flux2/builtin.h"
@@ -12,6 +12,24 @@
 #include "models/flux2/weights.h"
 #include "pipeline/denoise.h"
 #include "pipeline/request_limits.h"
+
+namespace flowkv {
+
+flux2::LoadOptions parse_dtype_option(const std::string& dtype) {
+  flux2::LoadOptions o;
+  if (dtype == "auto") return o;
+  o.auto_dtype = false;
+  if (dtype == "f32" || dtype == "F32") {
+    o.compute = DType::kF32;
+  } else if (dtype == "bf16" || dtype == "BF16") {
+    o.compute = DType::kBF16;
+  } else {
+    fail("unknown dtype '", dtype, "': use auto, f32 or bf16");
+  }
+  return o;
+}
+
+}  // namespace flowkv
 
 namespace flowkv {
 

@@ -1,4 +1,5 @@
-// The public QwenImage21Transformer's implementation: a loaded qwen::Model21 plus its name.
+// The public QwenImage21Transformer's implementation: a loaded qwen::Model21 plus its name (below
+// the API: the family wraps the handle, the API defines it).
 #pragma once
 
 #include <string>
