@@ -24,9 +24,11 @@ else
   exclude+='|^cli\.'
 fi
 # The slow suites (seconds under ASan + UBSan, 2 cores): every step cache policy composed with
-# Qwen-Image-2.1's prefix cache (44) and request isolation (21). The normal build runs them;
-# the rest of the suite takes about a minute here.
+# Qwen-Image-2.1's prefix cache (44), request isolation (21), and the per-family denoise tests
+# on the 'small' built-ins (45-100 each; the 'tiny' built-ins run the same code paths here).
+# The normal build runs them all; the rest of the suite takes about a minute here.
 exclude+='|^StepCacheInModels\.EveryPolicyComposesWithTheQwen21|^StepCacheIsolation\.RequestsNeverShareState$'
+exclude+='|^Builtins/FamilyDenoise\.[A-Za-z]+/(small|qwen21_small)( |$)'
 
 if ! cmake --build build-asan "${build_target[@]}" -j "${FLOWKV_BUILD_JOBS:-2}" \
   >build-asan/logs/build.log 2>&1; then
