@@ -30,12 +30,7 @@ struct LoopRequest {
                      const float* latents)>
       observe;
   pipeline::LoopOptions loop() const {
-    pipeline::LoopOptions l;
-    l.steps = opts.steps;
-    l.sigmas = opts.sigmas;
-    l.kv_budget_bytes = opts.kv_budget_bytes;
-    l.step_caches = opts.step_caches;
-    l.on_step = opts.on_step;
+    pipeline::LoopOptions l = pipeline::loop_options(opts);
     l.observe = observe;
     return l;
   }

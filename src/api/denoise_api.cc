@@ -22,16 +22,6 @@ DenoiseOptions resolved(const Model& m, DenoiseOptions o) {
   return o;
 }
 
-pipeline::LoopOptions loop_options(const DenoiseOptions& o) {
-  pipeline::LoopOptions l;
-  l.steps = o.steps;
-  l.sigmas = o.sigmas;
-  l.kv_budget_bytes = o.kv_budget_bytes;
-  l.step_caches = o.step_caches;
-  l.on_step = o.on_step;
-  return l;
-}
-
 }  // namespace
 
 DenoiseResult denoise(const Model& model, const DenoiseInputs& in, const DenoiseOptions& opts,
@@ -40,7 +30,8 @@ DenoiseResult denoise(const Model& model, const DenoiseInputs& in, const Denoise
   auto adapter = model.impl().model->adapter(in, o);
   Workspace local;
   Arena& arena = (ws ? *ws : local).arena();
-  const pipeline::LoopResult res = pipeline::run_denoise({&arena}, *adapter, loop_options(o));
+  const pipeline::LoopResult res =
+      pipeline::run_denoise({&arena}, *adapter, pipeline::loop_options(o));
   DenoiseResult out;
   out.latents = Tensor::from_vector(res.latents, in.noise.shape());
   out.sigmas = res.schedule.sigmas;

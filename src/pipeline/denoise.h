@@ -12,6 +12,7 @@
 
 #include "cache/hooks.h"
 #include "core/exec_context.h"
+#include "flowkv/model.h"
 #include "flowkv/step_cache.h"
 #include "sched/flow_match.h"
 
@@ -96,6 +97,17 @@ struct LoopResult {
   bool cfg = false, batched_cfg = false, approximate = false;
   std::vector<StepCacheStats> step_caches;
 };
+
+// The loop's part of the public options (steps already resolved).
+inline LoopOptions loop_options(const DenoiseOptions& o) {
+  LoopOptions l;
+  l.steps = o.steps;
+  l.sigmas = o.sigmas;
+  l.kv_budget_bytes = o.kv_budget_bytes;
+  l.step_caches = o.step_caches;
+  l.on_step = o.on_step;
+  return l;
+}
 
 // Checks the request and the budget (nothing allocated), returns the planned KV bytes.
 int64_t planned_kv_bytes(const DenoiseAdapter& a);
