@@ -7,10 +7,85 @@
 
 namespace flowkv {
 
-enum class DType : uint8_t { kF32, kBF16, kF16 };
+// Dense types (one element each) and GGUF's block-quantized types (ggml's formats: a block of
+// 32 or 256 consecutive elements of a row shares its scales). A quantized tensor's last
+// dimension is a whole number of blocks; its rows are independent.
+enum class DType : uint8_t {
+  kF32,
+  kBF16,
+  kF16,
+  kQ8_0,
+  kQ4_0,
+  kQ4_1,
+  kQ5_0,
+  kQ5_1,
+  kQ4_K,
+  kQ5_K,
+  kQ6_K
+};
 
+constexpr bool dtype_is_quantized(DType t) {
+  return t != DType::kF32 && t != DType::kBF16 && t != DType::kF16;
+}
+
+// Elements per block: 1 for dense types.
+constexpr int64_t dtype_block(DType t) {
+  switch (t) {
+    case DType::kF32:
+    case DType::kBF16:
+    case DType::kF16:
+      return 1;
+    case DType::kQ8_0:
+    case DType::kQ4_0:
+    case DType::kQ4_1:
+    case DType::kQ5_0:
+    case DType::kQ5_1:
+      return 32;
+    case DType::kQ4_K:
+    case DType::kQ5_K:
+    case DType::kQ6_K:
+      return 256;
+  }
+  return 1;
+}
+
+// Bytes per block (ggml's block structs).
+constexpr int64_t dtype_block_bytes(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return 4;
+    case DType::kBF16:
+    case DType::kF16:
+      return 2;
+    case DType::kQ8_0:
+      return 34;
+    case DType::kQ4_0:
+      return 18;
+    case DType::kQ4_1:
+      return 20;
+    case DType::kQ5_0:
+      return 22;
+    case DType::kQ5_1:
+      return 24;
+    case DType::kQ4_K:
+      return 144;
+    case DType::kQ5_K:
+      return 176;
+    case DType::kQ6_K:
+      return 210;
+  }
+  return 4;
+}
+
+// Bytes per element of a dense type; 0 for a quantized one (use dtype_bytes).
 constexpr int64_t dtype_size(DType t) {
-  return t == DType::kF32 ? 4 : 2;
+  return dtype_is_quantized(t) ? 0 : dtype_block_bytes(t);
+}
+
+// Bytes of `numel` elements; numel must be a whole number of blocks (checked where shapes are
+// validated: a quantized tensor's last dimension divides by its block).
+constexpr int64_t dtype_bytes(DType t, int64_t numel) {
+  return numel / dtype_block(t) * dtype_block_bytes(t);
 }
 
 constexpr std::string_view dtype_name(DType t) {
@@ -21,6 +96,22 @@ constexpr std::string_view dtype_name(DType t) {
       return "BF16";
     case DType::kF16:
       return "F16";
+    case DType::kQ8_0:
+      return "Q8_0";
+    case DType::kQ4_0:
+      return "Q4_0";
+    case DType::kQ4_1:
+      return "Q4_1";
+    case DType::kQ5_0:
+      return "Q5_0";
+    case DType::kQ5_1:
+      return "Q5_1";
+    case DType::kQ4_K:
+      return "Q4_K";
+    case DType::kQ5_K:
+      return "Q5_K";
+    case DType::kQ6_K:
+      return "Q6_K";
   }
   return "?";
 }

@@ -34,7 +34,7 @@ class Tensor {
   int64_t dim(int i) const { return shape_.at(i < 0 ? i + ndim() : i); }
   int ndim() const { return static_cast<int>(shape_.size()); }
   int64_t numel() const { return shape_numel(shape_); }
-  int64_t nbytes() const { return numel() * dtype_size(dtype_); }
+  int64_t nbytes() const { return dtype_bytes(dtype_, numel()); }
 
   void* raw() { return data_; }
   const void* raw() const { return data_; }

@@ -68,8 +68,13 @@ std::shared_ptr<void> aligned_block(int64_t bytes) {
 }  // namespace
 
 Tensor Tensor::empty(Shape shape, DType dtype) {
-  const int64_t bytes = checked_mul(checked_numel(shape, "shape " + shape_str(shape)),
-                                    dtype_size(dtype), "bytes of shape " + shape_str(shape));
+  const int64_t numel = checked_numel(shape, "shape " + shape_str(shape));
+  FLOWKV_CHECK(
+      !dtype_is_quantized(dtype) || (!shape.empty() && shape.back() % dtype_block(dtype) == 0),
+      "a ", dtype_name(dtype), " tensor's rows must be whole blocks of ", dtype_block(dtype),
+      " elements; shape ", shape_str(shape));
+  const int64_t bytes = checked_mul(numel / dtype_block(dtype), dtype_block_bytes(dtype),
+                                    "bytes of shape " + shape_str(shape));
   // The one place every tensor is allocated: none larger than the memory budget (small ones
   // skip the check, which reads /proc/meminfo).
   if (bytes >= (int64_t{64} << 20)) check_memory(bytes, "a tensor of shape " + shape_str(shape));
@@ -88,6 +93,10 @@ Tensor Tensor::zeros(Shape shape, DType dtype) {
 }
 
 Tensor Tensor::wrap(void* data, Shape shape, DType dtype, std::shared_ptr<void> holder) {
+  FLOWKV_CHECK(
+      !dtype_is_quantized(dtype) || (!shape.empty() && shape.back() % dtype_block(dtype) == 0),
+      "a ", dtype_name(dtype), " tensor's rows must be whole blocks of ", dtype_block(dtype),
+      " elements; shape ", shape_str(shape));
   Tensor t;
   t.dtype_ = dtype;
   t.shape_ = std::move(shape);
@@ -143,6 +152,8 @@ Tensor Tensor::to_f32() const {
     case DType::kF16:
       for (int64_t i = 0; i < n; ++i) o[i] = f16_to_f32(u16()[i]);
       break;
+    default:
+      fail("converting a ", dtype_name(dtype_), " tensor to F32 is not supported");
   }
   return out;
 }
@@ -180,6 +191,8 @@ int64_t first_non_finite(const Tensor& t) {
       return first_all_ones(static_cast<const uint16_t*>(t.raw()), t.numel(), uint16_t{0x7f80});
     case DType::kF16:
       return first_all_ones(static_cast<const uint16_t*>(t.raw()), t.numel(), uint16_t{0x7c00});
+    default:
+      fail("finite check of a ", dtype_name(t.dtype()), " tensor is not supported");
   }
   return -1;
 }

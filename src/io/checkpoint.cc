@@ -205,7 +205,7 @@ void write_diffusers_folder(const std::string& dir, const Json& config,
   std::vector<std::vector<TensorToWrite>> shards(1);
   int64_t size = 0;
   for (const TensorToWrite& t : tensors) {
-    const int64_t b = shape_numel(t.shape) * dtype_size(t.dtype);
+    const int64_t b = dtype_bytes(t.dtype, shape_numel(t.shape));
     if (size > 0 && size + b > max_shard_bytes) {
       shards.emplace_back();
       size = 0;
@@ -249,7 +249,7 @@ void write_diffusers_folder(const std::string& dir, const Json& config,
       written.insert(name);
       for (const TensorToWrite& t : shards[i]) {
         index["weight_map"][t.name] = name;
-        total += shape_numel(t.shape) * dtype_size(t.dtype);
+        total += dtype_bytes(t.dtype, shape_numel(t.shape));
       }
     }
     index["metadata"] = {{"total_size", total}};
