@@ -6,6 +6,7 @@
 
 #include "core/parallel.h"
 #include "ops/attention.h"
+#include "ops/gemm.h"
 #include "ops/linear.h"
 #include "ops/ops.h"
 #include "test_util.h"
@@ -189,6 +190,103 @@ TEST(Ops, LinearIsBitIdenticalForOneAndTwoThreads) {
     set_num_threads(0);
     EXPECT_TRUE(test::bit_equal(a.data(), b.data(), m * n)) << dtype_name(dt);
   }
+}
+
+// Narrow weights: a weight tensor of type t holding the values of w (rounded to t).
+Tensor narrow_weights(const std::vector<float>& w, int64_t n, int64_t k, DType t) {
+  Tensor out = Tensor::empty({n, k}, t);
+  for (int64_t i = 0; i < n * k; ++i) {
+    out.u16()[i] = t == DType::kBF16 ? f32_to_bf16(w[i]) : f32_to_f16(w[i]);
+  }
+  return out;
+}
+
+// The narrow-weight GEMM against its scalar mirror (same summation order): bit for bit on every
+// edge (partial micro-tiles, partial slivers, K not a multiple of the K block, strided A and C).
+TEST(Ops, NarrowGemmMatchesItsReferenceBitForBit) {
+  struct Case {
+    int64_t m, k, n0, n1;
+  };
+  for (Case s : {Case{1, 1, 0, 1}, Case{5, 7, 3, 20}, Case{6, 256, 0, 16}, Case{7, 300, 1, 50},
+                 Case{150, 520, 5, 77}, Case{13, 1000, 0, 130}}) {
+    const int64_t n = s.n1 + 2, lda = s.k + 3, ldc = n + 4;
+    auto w = randn(n * s.k, 31, 0.1f), a = randn(s.m * lda, 32);
+    const Tensor wt = narrow_weights(w, n, s.k, DType::kBF16);
+    struct Src {
+      const Tensor* w;
+      int64_t k;
+    } src{&wt, s.k};
+    ops::RowSource rs{
+        [](const void* self, int64_t j0, int64_t count, int64_t k0, int64_t kc, float* out) {
+          const auto* p = static_cast<const Src*>(self);
+          for (int64_t j = 0; j < count; ++j) {
+            for (int64_t i = 0; i < kc; ++i) {
+              out[j * kc + i] = bf16_to_f32(p->w->u16()[(j0 + j) * p->k + k0 + i]);
+            }
+          }
+        },
+        &src};
+    std::vector<float> fast(s.m * ldc, -7.0f), ref(s.m * ldc, -7.0f);
+    ops::gemm_rows_source(a.data(), lda, s.m, s.k, rs, s.n0, s.n1, fast.data(), ldc);
+    ops::gemm_rows_source_reference(a.data(), lda, s.m, s.k, rs, s.n0, s.n1, ref.data(), ldc);
+    EXPECT_TRUE(test::bit_equal(fast.data(), ref.data(), s.m * ldc))
+        << s.m << "x" << s.k << " [" << s.n0 << ", " << s.n1 << ")";
+    EXPECT_EQ(fast[0 * ldc + s.n1], -7.0f);  // columns outside [n0, n1) untouched
+  }
+}
+
+// Narrow weights kept as stored multiply the same values as the f32 packing: the two paths agree
+// to f32 rounding, for bf16 and f16 weights, f32 and bf16 compute, one tensor or stacked parts.
+TEST(Ops, NarrowWeightsMatchThePackedPath) {
+  Ctx c;
+  const int64_t m = 37, k = 300, n = 90;
+  auto w = randn(n * k, 33, 0.1f), x = randn(m * k, 34);
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    const Tensor wt = narrow_weights(w, n, k, t);
+    for (DType compute : {DType::kF32, DType::kBF16}) {
+      if (compute == DType::kBF16 && t != DType::kBF16) continue;
+      ops::set_compact_weights(false);
+      ops::Linear packed(wt, compute);
+      ops::set_compact_weights(true);
+      ops::Linear narrow(wt, compute, /*keep_plain=*/true);
+      EXPECT_EQ(narrow.packed_bytes(), n * k * 2);
+      std::vector<float> a(m * n), b(m * n), r(m * n);
+      packed.forward(c.fast, make_mat(x.data(), m, k), make_mat(a.data(), m, n));
+      narrow.forward(c.fast, make_mat(x.data(), m, k), make_mat(b.data(), m, n));
+      narrow.forward(c.ref, make_mat(x.data(), m, k), make_mat(r.data(), m, n));
+      EXPECT_LE(compare(b.data(), a.data(), m * n).rel(), 1e-6) << dtype_name(t);
+      EXPECT_LE(compare(b.data(), r.data(), m * n).rel(), 1e-6) << dtype_name(t);
+    }
+    // Stacked parts and a row slice read the right rows.
+    const Tensor top = narrow_weights(std::vector<float>(w.begin(), w.begin() + 40 * k), 40, k, t);
+    const Tensor bottom =
+        narrow_weights(std::vector<float>(w.begin() + 40 * k, w.end()), n - 40, k, t);
+    ops::Linear whole(wt, DType::kF32);
+    ops::Linear stacked = ops::Linear::stacked({top, bottom}, DType::kF32, false);
+    ops::Linear slice = ops::Linear::rows_of(wt, 30, 20, DType::kF32, false);
+    std::vector<float> a(m * n), b(m * n), s(m * 20);
+    whole.forward(c.fast, make_mat(x.data(), m, k), make_mat(a.data(), m, n));
+    stacked.forward(c.fast, make_mat(x.data(), m, k), make_mat(b.data(), m, n));
+    slice.forward(c.fast, make_mat(x.data(), m, k), make_mat(s.data(), m, 20));
+    EXPECT_TRUE(test::bit_equal(a.data(), b.data(), m * n));
+    for (int64_t r = 0; r < m; ++r) {
+      EXPECT_TRUE(test::bit_equal(s.data() + r * 20, a.data() + r * n + 30, 20)) << r;
+    }
+  }
+}
+
+TEST(Ops, NarrowWeightsAreBitIdenticalForOneAndTwoThreads) {
+  Ctx c;
+  const int64_t m = 2100, n = 300, k = 270;  // from 2,048 rows the rows split too
+  auto w = randn(n * k, 35, 0.1f), x = randn(m * k, 36);
+  ops::Linear lin(narrow_weights(w, n, k, DType::kBF16), DType::kF32);
+  std::vector<float> a(m * n), b(m * n);
+  set_num_threads(1);
+  lin.forward(c.fast, make_mat(x.data(), m, k), make_mat(a.data(), m, n));
+  set_num_threads(2);
+  lin.forward(c.fast, make_mat(x.data(), m, k), make_mat(b.data(), m, n));
+  set_num_threads(0);
+  EXPECT_TRUE(test::bit_equal(a.data(), b.data(), m * n));
 }
 
 // Attention with several sources, causal runs and key masks.

@@ -3,6 +3,9 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
+
+#include "flowkv/dtype.h"
 
 namespace flowkv {
 
@@ -22,5 +25,24 @@ std::string simd_target();
 bool native_bf16_gemm();
 // This machine's f32 multiply-add peak in GFLOP/s on `threads` threads, measured now.
 double measure_peak_gflops(int threads);
+
+// One linear layer y[m, n] = x[m, k] · Wᵀ timed as the models run it, in several variants side
+// by side: random weights stored as `weights` (F32 is packed at load; BF16, F16 and the GGUF
+// types stay as stored), computed in `compute` ("f32", or "int8": 8-bit activations and
+// weights, integer dot products). After a warm-up call of each, `runs` rounds each time one call
+// of every variant in turn (alternating, so a busy machine slows all alike); medians are kept.
+// `nmse`: the output's normalised mean squared error against f32 weights and f32 compute.
+struct GemmVariant {
+  DType weights = DType::kF32;
+  std::string compute = "f32";
+};
+struct GemmTiming {
+  double median_seconds = 0;
+  double gflops = 0;  // 2·m·n·k / median
+  double nmse = 0;
+  int64_t weight_bytes = 0;  // as held by the layer
+};
+std::vector<GemmTiming> time_gemm(int64_t m, int64_t k, int64_t n,
+                                  const std::vector<GemmVariant>& variants, int runs);
 
 }  // namespace flowkv

@@ -176,13 +176,16 @@ std::vector<std::string> check_against_table(const std::map<std::string, TensorI
   return all;
 }
 
-void check_weights_fit(const std::vector<ExpectedTensor>& table, const std::string& what) {
-  int64_t elements = 0;
+void check_weights_fit(const std::vector<ExpectedTensor>& table,
+                       const std::function<int64_t(const ExpectedTensor&)>& held_bytes,
+                       const std::string& what) {
+  int64_t bytes = 0;
   for (const ExpectedTensor& e : table) {
-    elements = checked_add(elements, checked_numel(e.shape, e.name), "weights of " + what);
+    checked_numel(e.shape, e.name);  // a shape whose bytes overflow fails here, first
+    bytes = checked_add(bytes, held_bytes(e), "weight bytes of " + what);
   }
-  check_memory(checked_mul(elements, 4, "weight bytes of " + what), "loading " + what,
-               "free memory, set a larger budget, or use a smaller model");
+  check_memory(bytes, "loading " + what,
+               "free memory, set a larger budget, or use a smaller or quantized checkpoint");
 }
 
 std::string format_problems(const std::string& headline, const std::vector<std::string>& lines,
@@ -269,9 +272,15 @@ CheckpointReader::CheckpointReader(const CheckpointScan& scan) {
   }
 }
 
+CheckpointReader::~CheckpointReader() {
+  for (const SafetensorsFile& f : files_) f.release_all();
+}
+
 Tensor CheckpointReader::get(const std::string& name) const {
   auto it = index_.find(name);
   FLOWKV_CHECK(it != index_.end(), "checkpoint has no tensor '", name, "'");
+  if (last_) files_[last_->first].release(last_->second);
+  last_ = &it->second;
   const TensorInfo& info = it->second.second;
   Tensor t = files_[it->second.first].view(info);
   // Weights enter here: a NaN or infinity would silently poison every output.

@@ -4,6 +4,7 @@
 // `scan_checkpoint` reads headers only; `CheckpointReader` maps the data.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -41,9 +42,11 @@ struct ExpectedTensor {
   Shape shape;
 };
 
-// Packed weights take 4 bytes per element (f32 packing). Checks the table's total against the
-// memory budget before anything is packed; `what` names the model in the error.
-void check_weights_fit(const std::vector<ExpectedTensor>& table, const std::string& what);
+// Checks the bytes the table's weights will occupy once loaded (`held_bytes` of each: packed f32,
+// or as stored) against the memory budget before anything is packed; `what` names the model.
+void check_weights_fit(const std::vector<ExpectedTensor>& table,
+                       const std::function<int64_t(const ExpectedTensor&)>& held_bytes,
+                       const std::string& what);
 
 // Compares the files with the table. Returns one line per problem (missing, unexpected,
 // wrong shape, non-float dtype); empty when everything matches.
@@ -55,15 +58,24 @@ std::string format_problems(const std::string& headline, const std::vector<std::
                             size_t max_lines = 40);
 
 // Maps the files of a scan and hands out tensor views.
+//
+// Residency: loaders consume tensors one at a time (pack a copy, or keep the view). Each get()
+// drops the resident mapped pages of the tensor the previous get() returned, and the reader's
+// destructor drops all of them, so a load never holds a packed copy and its source pages
+// together beyond one tensor. Views stay valid: dropped pages fault back in from the file.
 class CheckpointReader {
  public:
   explicit CheckpointReader(const CheckpointScan& scan);
+  ~CheckpointReader();
+  CheckpointReader(const CheckpointReader&) = delete;
+  CheckpointReader& operator=(const CheckpointReader&) = delete;
   Tensor get(const std::string& name) const;
   bool has(const std::string& name) const { return index_.count(name) > 0; }
 
  private:
   std::vector<SafetensorsFile> files_;
   std::map<std::string, std::pair<size_t, TensorInfo>> index_;
+  mutable const std::pair<size_t, TensorInfo>* last_ = nullptr;
 };
 
 }  // namespace flowkv

@@ -73,6 +73,16 @@ std::shared_ptr<MappedFile> MappedFile::open(const std::string& path) {
   return f;
 }
 
+void MappedFile::release(int64_t offset, int64_t n) const {
+  if (!data_ || n <= 0 || offset < 0 || offset >= size_) return;
+  static const int64_t page = sysconf(_SC_PAGESIZE);
+  const int64_t begin = offset / page * page;
+  const int64_t end = std::min(size_, offset + std::min(n, size_ - offset));
+  // Advice only: a failure leaves the pages resident, which costs memory, not correctness.
+  (void)madvise(const_cast<std::byte*>(data_) + begin, static_cast<size_t>(end - begin),
+                MADV_DONTNEED);
+}
+
 MappedFile::~MappedFile() {
   if (data_) munmap(const_cast<std::byte*>(data_), static_cast<size_t>(size_));
 }

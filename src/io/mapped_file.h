@@ -19,6 +19,11 @@ class MappedFile {
   const std::byte* data() const { return data_; }
   int64_t size() const { return size_; }
   const std::string& path() const { return path_; }
+  // Drops the process's resident pages of bytes [offset, offset + n) (rounded out to whole
+  // pages). Safe at any time: the map is read-only and file-backed, so a later read faults the
+  // same bytes back in from the file. Loading calls it once a tensor is consumed, so packed
+  // copies and the mapped pages they came from are not resident together.
+  void release(int64_t offset, int64_t n) const;
 
  private:
   MappedFile() = default;

@@ -156,6 +156,14 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   return f;
 }
 
+void SafetensorsFile::release(const TensorInfo& info) const {
+  map_->release(header_.data_start + info.begin, info.end - info.begin);
+}
+
+void SafetensorsFile::release_all() const {
+  map_->release(0, map_->size());
+}
+
 Tensor SafetensorsFile::view(const TensorInfo& info) const {
   FLOWKV_CHECK(info.dtype_known, info.file, ": tensor '", info.name, "' has dtype ",
                info.dtype_name, "; flowkv reads F32, BF16 and F16");

@@ -42,6 +42,9 @@ class SafetensorsFile {
   const SafetensorsHeader& header() const { return header_; }
   // A tensor viewing the mapped data (kept alive by the map). Unsupported dtypes fail.
   Tensor view(const TensorInfo& info) const;
+  // Drops the resident mapped pages of a tensor (see MappedFile::release); views stay valid.
+  void release(const TensorInfo& info) const;
+  void release_all() const;
 
  private:
   SafetensorsHeader header_;

@@ -7,6 +7,7 @@
 #include "flowkv/error.h"
 #include "flowkv/limits.h"
 #include "flowkv/runtime.h"
+#include "measure.h"
 
 int main(int argc, char** argv) {
   CLI::App app{
@@ -18,10 +19,19 @@ int main(int argc, char** argv) {
          "--threads", [](int n) { flowkv::set_threads(n); },
          "threads for all kernels (default: every core); results do not depend on it")
       ->check(CLI::Range(0, flowkv::limits::kMaxThreads));
+  app.add_option_function<std::string>(
+      "--mem-budget",
+      [](const std::string& s) {
+        flowkv::set_memory_budget(s == "none" ? -1 : flowkv::cli::parse_bytes(s, "--mem-budget"));
+      },
+      "memory flowkv may use, e.g. 20G (default: what the system has available; 'none': no "
+      "check). Weights, KV caches and activations are predicted before anything is allocated; "
+      "over the budget, the command stops with an error naming the figures");
   flowkv::cli::add_inspect(app);
   flowkv::cli::add_forward(app);
   flowkv::cli::add_export(app);
   flowkv::cli::add_bench_forward(app);
+  flowkv::cli::add_bench_gemm(app);
   flowkv::cli::add_predict(app);
   flowkv::cli::add_bench(app);
   flowkv::cli::add_caches(app);

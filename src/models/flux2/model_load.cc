@@ -1,5 +1,6 @@
 // Loading: validate the files against the name table, then pack every linear layer once.
 #include "flowkv/error.h"
+#include "models/common/held_bytes.h"
 #include "models/flux2/model.h"
 #include "models/flux2/model_weights.h"
 
@@ -47,10 +48,11 @@ Model Model::load(const std::string& path, const LoadOptions& opts) {
 
 Model Model::from_source(const WeightSource& src, const Config& cfg, const LoadOptions& opts) {
   validate(src, cfg);
-  check_weights_fit(weight_table(cfg), variant_name(cfg));
+  const DType compute = choose_compute_dtype(src, opts);
+  check_weights_fit(weight_table(cfg), held_bytes(src.tensors(), compute), variant_name(cfg));
   auto w = std::make_shared<Weights>();
   w->cfg = cfg;
-  w->compute = choose_compute_dtype(src, opts);
+  w->compute = compute;
   const DType dt = w->compute;
   const bool plain = opts.keep_plain;
   auto lin = [&](const std::string& name) { return ops::Linear(src.get(name), dt, plain); };

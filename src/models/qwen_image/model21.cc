@@ -10,6 +10,7 @@
 #include "models/common/block_loop.h"
 #include "models/common/blocks.h"
 #include "models/common/embeddings.h"
+#include "models/common/held_bytes.h"
 #include "models/qwen_image/weights.h"
 
 namespace flowkv::qwen {
@@ -40,9 +41,10 @@ std::vector<float> vec(const Tensor& t, float add = 0.0f) {
   return v;
 }
 
-std::shared_ptr<Model21::Weights> build(const Getter& get, const Config21& c, DType dt,
-                                        bool plain) {
-  check_weights_fit(weight_table(c), "a Qwen-Image-2.1 transformer");
+std::shared_ptr<Model21::Weights> build(const Getter& get,
+                                        const std::map<std::string, TensorInfo>& stored,
+                                        const Config21& c, DType dt, bool plain) {
+  check_weights_fit(weight_table(c), held_bytes(stored, dt), "a Qwen-Image-2.1 transformer");
   auto w = std::make_shared<Model21::Weights>();
   w->cfg = c;
   w->compute = dt;
@@ -519,7 +521,7 @@ Model21 Model21::from_tensors(const std::map<std::string, Tensor>& tensors, cons
                format_problems("the weights do not fit this Qwen-Image-2.1 config", problems));
   const DType dt = opts.auto_dtype ? (all_bf16 ? DType::kBF16 : DType::kF32) : opts.compute;
   Model21 m;
-  m.w_ = build([&](const std::string& n) { return tensors.at(n); }, c, dt, opts.keep_plain);
+  m.w_ = build([&](const std::string& n) { return tensors.at(n); }, infos, c, dt, opts.keep_plain);
   return m;
 }
 
@@ -537,7 +539,8 @@ Model21 Model21::load(const std::string& path, const LoadOptions21& opts) {
   const DType dt = opts.auto_dtype ? (all_bf16 ? DType::kBF16 : DType::kF32) : opts.compute;
   CheckpointReader reader(scan);
   Model21 m;
-  m.w_ = build([&](const std::string& n) { return reader.get(n); }, c, dt, opts.keep_plain);
+  m.w_ = build([&](const std::string& n) { return reader.get(n); }, scan.tensors, c, dt,
+               opts.keep_plain);
   return m;
 }
 

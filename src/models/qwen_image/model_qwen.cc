@@ -7,6 +7,7 @@
 #include "flowkv/error.h"
 #include "models/common/blocks.h"
 #include "models/common/embeddings.h"
+#include "models/common/held_bytes.h"
 #include "models/qwen_image/weights.h"
 
 namespace flowkv::qwen {
@@ -52,9 +53,10 @@ ops::Linear stacked(const Getter& get, std::vector<std::string> bases, DType dt)
   return l;
 }
 
-std::shared_ptr<ModelQwenImage::Weights> build(const Getter& get, const ConfigQwenImage& c,
-                                               DType dt) {
-  check_weights_fit(weight_table(c), "a Qwen-Image transformer");
+std::shared_ptr<ModelQwenImage::Weights> build(const Getter& get,
+                                               const std::map<std::string, TensorInfo>& stored,
+                                               const ConfigQwenImage& c, DType dt) {
+  check_weights_fit(weight_table(c), held_bytes(stored, dt), "a Qwen-Image transformer");
   FLOWKV_CHECK(
       !c.zero_cond_t,
       "zero_cond_t (Qwen-Image-Edit-2511: references modulated from t = 0) is not supported "
@@ -204,7 +206,7 @@ ModelQwenImage ModelQwenImage::from_tensors(const std::map<std::string, Tensor>&
   FLOWKV_CHECK(problems.empty(),
                format_problems("the weights do not fit this Qwen-Image config", problems));
   ModelQwenImage m;
-  m.w_ = build([&](const std::string& n) { return tensors.at(n); }, c, dt);
+  m.w_ = build([&](const std::string& n) { return tensors.at(n); }, infos, c, dt);
   return m;
 }
 
@@ -218,7 +220,7 @@ ModelQwenImage ModelQwenImage::load(const std::string& path, DType dt) {
                                problems));
   CheckpointReader reader(scan);
   ModelQwenImage m;
-  m.w_ = build([&](const std::string& n) { return reader.get(n); }, c, dt);
+  m.w_ = build([&](const std::string& n) { return reader.get(n); }, scan.tensors, c, dt);
   return m;
 }
 

@@ -1,6 +1,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -10,6 +11,7 @@
 
 #include "core/parallel.h"
 #include "flowkv/error.h"
+#include "ops/gemm.h"
 #include "ops/linear.h"
 #include "ops/ops.h"
 
@@ -103,12 +105,62 @@ struct Prim {
 
 constexpr int64_t kPackRows = 256;  // the M the weight layout is chosen for
 
+std::atomic<bool> g_compact{true};
+
+// One row of narrow weights to f32 (exact: every bf16 and f16 value is an f32 value).
+void widen_row(DType t, const void* src, float* dst, int64_t k) {
+  const auto* h = static_cast<const uint16_t*>(src);
+  switch (t) {
+    case DType::kBF16:
+      for (int64_t i = 0; i < k; ++i) {
+        const uint32_t u = uint32_t{h[i]} << 16;
+        std::memcpy(dst + i, &u, 4);
+      }
+      return;
+    case DType::kF16:
+      for (int64_t i = 0; i < k; ++i) dst[i] = f16_to_f32(h[i]);
+      return;
+    default:
+      fail("linear: weights of type ", dtype_name(t), " cannot be widened");
+  }
+}
+
 }  // namespace
 
 struct Linear::Packed {  // one column chunk of the weights, in the layout oneDNN chose
   int64_t n0 = 0, n = 0;
   memory::desc wei;
   std::vector<std::byte> data;
+};
+
+// Narrow weights as stored: output rows [out0, out0 + n) are rows [r0, r0 + n) of `w`.
+struct Linear::Compact {
+  struct Part {
+    Tensor w;
+    int64_t r0 = 0, n = 0, out0 = 0;
+  };
+  DType dtype = DType::kBF16;
+  std::vector<Part> parts;
+  int64_t row_bytes = 0;
+  // Widens output rows [j0, j0 + count), columns [k0, k0 + kc), into out [count, kc]. k0 is a
+  // whole number of blocks (kGemmKBlock is a multiple of every block).
+  void widen(int64_t j0, int64_t count, int64_t k0, int64_t kc, float* out) const {
+    size_t p = 0;
+    const int64_t skip = dtype_bytes(dtype, k0);
+    for (int64_t j = j0; j < j0 + count; ++j) {
+      while (j >= parts[p].out0 + parts[p].n) ++p;
+      const Part& part = parts[p];
+      const auto* row = static_cast<const std::byte*>(part.w.raw()) +
+                        (part.r0 + j - part.out0) * row_bytes + skip;
+      widen_row(dtype, row, out + (j - j0) * kc, kc);
+    }
+  }
+  RowSource source() const {
+    return {[](const void* self, int64_t j0, int64_t count, int64_t k0, int64_t kc, float* out) {
+              static_cast<const Compact*>(self)->widen(j0, count, k0, kc, out);
+            },
+            this};
+  }
 };
 
 namespace {
@@ -144,6 +196,10 @@ bool native_bf16_gemm() {
   return native_bf16();
 }
 
+void set_compact_weights(bool on) {
+  g_compact.store(on);
+}
+
 GemmTiles gemm_tiles(int64_t m, int64_t n, int64_t k) {
   // Two column chunks (from 256 outputs), rows split in two only from 2,048 rows (or when the
   // columns cannot split), all fixed by the shape alone. Measured here (2 cores, AVX2) against
@@ -157,39 +213,91 @@ GemmTiles gemm_tiles(int64_t m, int64_t n, int64_t k) {
   return {split_rows ? (m + 1) / 2 : m, split_cols ? (n + 1) / 2 : n};
 }
 
-Linear::Linear(const Tensor& w, DType compute, bool keep_plain) {
+Linear::Linear(const Tensor& w, Compute compute, bool keep_plain) {
   FLOWKV_CHECK(w.ndim() == 2, "linear weight must be 2-D, got ", shape_str(w.shape()));
-  const Tensor f = w.to_f32();
-  build(f.f32(), w.dim(0), w.dim(1), compute, keep_plain);
+  init({w}, 0, w.dim(0), compute, keep_plain);
 }
 
-Linear Linear::rows_of(const Tensor& w, int64_t r0, int64_t n, DType compute, bool keep_plain) {
-  FLOWKV_CHECK(w.ndim() == 2 && r0 >= 0 && r0 + n <= w.dim(0), "rows [", r0, ", ", r0 + n,
+Linear Linear::rows_of(const Tensor& w, int64_t r0, int64_t n, Compute compute, bool keep_plain) {
+  FLOWKV_CHECK(w.ndim() == 2 && r0 >= 0 && n >= 0 && r0 + n <= w.dim(0), "rows [", r0, ", ", r0 + n,
                ") out of range for weight ", shape_str(w.shape()));
-  const Tensor f = w.to_f32();
   Linear l;
-  l.build(f.f32() + r0 * w.dim(1), n, w.dim(1), compute, keep_plain);
+  l.init({w}, r0, n, compute, keep_plain);
   return l;
 }
 
-Linear Linear::stacked(const std::vector<Tensor>& ws, DType compute, bool keep_plain) {
+Linear Linear::stacked(const std::vector<Tensor>& ws, Compute compute, bool keep_plain) {
   FLOWKV_CHECK(!ws.empty(), "stacked linear needs weights");
-  const int64_t k = ws[0].dim(1);
   int64_t n = 0;
   for (const Tensor& w : ws) {
-    FLOWKV_CHECK(w.ndim() == 2 && w.dim(1) == k, "stacked weights disagree in input width");
+    FLOWKV_CHECK(w.ndim() == 2 && w.dim(1) == ws[0].dim(1),
+                 "stacked weights disagree in input width");
     n += w.dim(0);
   }
+  Linear l;
+  l.init(ws, 0, n, compute, keep_plain);
+  return l;
+}
+
+// Rows [r0, r0 + n) of one weight, or all rows of several stacked: kept as stored, or their f32
+// values packed.
+void Linear::init(const std::vector<Tensor>& ws, int64_t r0, int64_t n, Compute compute,
+                  bool keep_plain) {
+  FLOWKV_CHECK(!compute.int8, "int8 compute is not available in this build");
+  if (try_compact(ws, r0, n, compute.type, keep_plain)) return;
+  const int64_t k = ws[0].dim(1);
   std::vector<float> all(static_cast<size_t>(n * k));
   int64_t off = 0;
   for (const Tensor& w : ws) {
+    const int64_t rows = ws.size() == 1 ? n : w.dim(0);
     const Tensor f = w.to_f32();
-    std::memcpy(all.data() + off * k, f.f32(), static_cast<size_t>(f.nbytes()));
-    off += w.dim(0);
+    std::memcpy(all.data() + off * k, f.f32() + (ws.size() == 1 ? r0 : 0) * k,
+                static_cast<size_t>(rows * k) * sizeof(float));
+    off += rows;
   }
-  Linear l;
-  l.build(all.data(), n, k, compute, keep_plain);
-  return l;
+  build(all.data(), n, k, compute.type, keep_plain);
+}
+
+// Narrow weights stay as stored when that multiplies the same values: at F32 compute, or at
+// BF16 compute with bf16 weights on a CPU without bf16 instructions (oneDNN would multiply them
+// as their f32 values anyway). Quantized weights are always kept (f32 compute of the values).
+bool keeps_as_stored(DType stored, DType compute) {
+  if (stored == DType::kF32) return false;
+  if (dtype_is_quantized(stored)) return true;
+  if (!g_compact.load()) return false;
+  return compute == DType::kF32 || (stored == DType::kBF16 && !native_bf16());
+}
+
+int64_t held_weight_bytes(DType stored, const Shape& shape, DType compute) {
+  const int64_t n = shape_numel(shape);
+  return shape.size() == 2 && keeps_as_stored(stored, compute) ? dtype_bytes(stored, n) : 4 * n;
+}
+
+bool Linear::try_compact(const std::vector<Tensor>& ws, int64_t r0, int64_t n, DType compute,
+                         bool keep_plain) {
+  const DType t = ws[0].dtype();
+  for (const Tensor& w : ws) {
+    if (w.dtype() != t) return false;
+  }
+  if (n == 0 || !keeps_as_stored(t, compute)) return false;
+  auto c = std::make_shared<Compact>();
+  c->dtype = t;
+  c->row_bytes = dtype_bytes(t, ws[0].dim(1));
+  int64_t out0 = 0;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    const int64_t rows = ws.size() == 1 ? n : ws[i].dim(0);
+    c->parts.push_back({ws[i], ws.size() == 1 ? r0 : 0, rows, out0});
+    out0 += rows;
+  }
+  n_ = n;
+  k_ = ws[0].dim(1);
+  compute_ = compute;
+  if (keep_plain) {
+    plain_ = std::make_shared<std::vector<float>>(static_cast<size_t>(n * k_));
+    c->widen(0, n, 0, k_, plain_->data());
+  }
+  compact_ = std::move(c);
+  return true;
 }
 
 void Linear::build(const float* w, int64_t n, int64_t k, DType compute, bool keep_plain) {
@@ -235,7 +343,12 @@ void Linear::build(const float* w, int64_t n, int64_t k, DType compute, bool kee
   }
 }
 
+DType Linear::storage_dtype() const {
+  return compact_ ? compact_->dtype : DType::kF32;
+}
+
 int64_t Linear::packed_bytes() const {
+  if (compact_) return dtype_bytes(compact_->dtype, n_ * k_);
   int64_t b = 0;
   for (const auto& c : chunks_) b += static_cast<int64_t>(c->data.size());
   return b;
@@ -290,6 +403,38 @@ void Linear::forward(const ExecContext& ctx, Mat x, Mat y) const {
     src = buf.data();
     lda = k_;
   }
+  if (compact_) {
+    forward_compact(src, lda, y);
+  } else {
+    forward_packed(ctx, src, lda, y);
+  }
+  if (!bias_.empty()) {
+    // The bias as the residual-add op: y += bias, row by row (shape-fixed split, as the GEMM).
+    gated_add(ctx, y, Mat{const_cast<float*>(bias_.data()), y.rows, n_, 0}, {});
+  }
+}
+
+// Narrow weights: each tile (the same shape-fixed grid as the packed path) is one call of the
+// narrow-weight GEMM, which widens its weights K block by K block.
+void Linear::forward_compact(const void* src, int64_t lda, Mat y) const {
+  const int64_t m = y.rows;
+  const GemmTiles t = gemm_tiles(m, n_, k_);
+  const int64_t row_tiles = (m + t.rows - 1) / t.rows;
+  const int64_t col_tiles = (n_ + t.cols - 1) / t.cols;
+  const RowSource b = compact_->source();
+  const auto* a = static_cast<const float*>(src);
+  parallel_for(row_tiles * col_tiles, [&](int64_t task) {
+    const int64_t rt = task / col_tiles, ct = task % col_tiles;
+    const int64_t r0 = rt * t.rows, rows = std::min(t.rows, m - r0);
+    const int64_t c0 = ct * t.cols, c1 = std::min(n_, c0 + t.cols);
+    gemm_rows_source(a + r0 * lda, lda, rows, k_, b, c0, c1, y.data + r0 * y.stride, y.stride);
+  });
+}
+
+void Linear::forward_packed(const ExecContext& ctx, const void* src, int64_t lda, Mat y) const {
+  (void)ctx;
+  const int64_t m = y.rows;
+  const bool bf16_gemm = gemm_type(compute_) == DT::bf16;
   const GemmTiles t = gemm_tiles(m, n_, k_);
   const int64_t row_tiles = (m + t.rows - 1) / t.rows;
   const int64_t col_tiles = static_cast<int64_t>(chunks_.size());
@@ -323,10 +468,6 @@ void Linear::forward(const ExecContext& ctx, Mat x, Mat y) const {
     OneThreadScope one;
     p.prim.execute(thread_stream(), args);
   });
-  if (!bias_.empty()) {
-    // The bias as the residual-add op: y += bias, row by row (shape-fixed split, as the GEMM).
-    gated_add(ctx, y, Mat{const_cast<float*>(bias_.data()), y.rows, n_, 0}, {});
-  }
 }
 
 }  // namespace flowkv::ops

@@ -1,0 +1,109 @@
+// bench-gemm: one linear layer at real model shapes with each weight type and compute, in
+// GFLOP/s, as a fraction of the f32 FMA peak and against f32 weights, all measured in one run.
+#include <cctype>
+#include <cstdio>
+#include <sstream>
+#include <vector>
+
+#include "commands.h"
+#include "flowkv/error.h"
+#include "flowkv/runtime.h"
+#include "measure.h"
+
+namespace flowkv::cli {
+
+namespace {
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  for (std::string item; std::getline(in, item, ',');) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+DType parse_weight_type(const std::string& s) {
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_1,
+                  DType::kQ5_0, DType::kQ5_1, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+    std::string name(dtype_name(t));
+    for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (name == s) return t;
+  }
+  fail("--weights: unknown type '", s, "' (f32, bf16, f16, q8_0, q4_0, q4_1, q5_0, q5_1, ",
+       "q4_k, q5_k, q6_k)");
+}
+
+struct Shape3 {
+  int64_t m, k, n;
+};
+
+Shape3 parse_shape(const std::string& s) {
+  Shape3 d{};
+  char x1 = 0, x2 = 0, rest = 0;
+  std::istringstream in(s);
+  in >> d.m >> x1 >> d.k >> x2 >> d.n;
+  FLOWKV_CHECK(in && x1 == 'x' && x2 == 'x' && !(in >> rest) && d.m > 0 && d.k > 0 && d.n > 0,
+               "--shapes: cannot read '", s, "' as MxKxN (e.g. 1024x3072x3072)");
+  return d;
+}
+
+}  // namespace
+
+void add_bench_gemm(CLI::App& app) {
+  auto* cmd = app.add_subcommand(
+      "bench-gemm",
+      "Benchmark one linear layer (y = x·Wᵀ, M rows, K inputs, N outputs) with random weights\n"
+      "stored as each --weights type and computed as each --compute, as the models run it.\n"
+      "Prints GFLOP/s, the fraction of the f32 FMA peak measured in the same run, the speed\n"
+      "against f32 weights at the same shape, and the output's NMSE against f32. The variants\n"
+      "of a shape run alternating, one call each per round; medians are printed.");
+  struct Opts {
+    std::string shapes = "1024x3072x3072,1024x3072x12288,1024x12288x3072,4096x3072x3072";
+    std::string weights = "f32,bf16,q8_0,q4_k";
+    std::string compute = "f32";
+    int runs = 3;
+  };
+  auto* o = new Opts;
+  cmd->add_option("--shapes", o->shapes, "comma-separated MxKxN")->capture_default_str();
+  cmd->add_option("--weights", o->weights, "comma-separated weight types")->capture_default_str();
+  cmd->add_option("--compute", o->compute, "comma-separated: f32, int8")->capture_default_str();
+  cmd->add_option("--runs", o->runs, "timed runs per cell (median)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100));
+  cmd->callback([o] {
+    std::exit(guarded([&] {
+      std::vector<Shape3> shapes;
+      for (const auto& s : split_list(o->shapes)) shapes.push_back(parse_shape(s));
+      std::vector<DType> types;
+      for (const auto& s : split_list(o->weights)) types.push_back(parse_weight_type(s));
+      const std::vector<std::string> computes = split_list(o->compute);
+      const double peak = measure_peak_gflops(threads());
+      std::printf("machine: %d threads, %s kernels, f32 FMA peak %.1f GFLOP/s (measured now)\n",
+                  threads(), simd_target().c_str(), peak);
+      std::printf("%-18s %-6s %-7s %10s %9s %8s %9s %10s\n", "M x K x N", "weights", "compute",
+                  "weights MB", "GFLOP/s", "of peak", "vs f32", "NMSE");
+      std::vector<GemmVariant> variants = {{DType::kF32, "f32"}};  // the baseline, first
+      for (const std::string& c : computes) {
+        for (DType t : types) {
+          if (!(t == DType::kF32 && c == "f32")) variants.push_back({t, c});
+        }
+      }
+      for (const Shape3& s : shapes) {
+        const std::vector<GemmTiming> g = time_gemm(s.m, s.k, s.n, variants, o->runs);
+        const std::string shape =
+            std::to_string(s.m) + "x" + std::to_string(s.k) + "x" + std::to_string(s.n);
+        for (size_t i = 0; i < variants.size(); ++i) {
+          std::printf("%-18s %-7s %-7s %10.1f %9.1f %7.0f%% %8.2fx %10.2e\n", shape.c_str(),
+                      std::string(dtype_name(variants[i].weights)).c_str(),
+                      variants[i].compute.c_str(), static_cast<double>(g[i].weight_bytes) / 1e6,
+                      g[i].gflops, 100.0 * g[i].gflops / peak, g[i].gflops / g[0].gflops,
+                      g[i].nmse);
+        }
+      }
+      return 0;
+    }));
+  });
+}
+
+}  // namespace flowkv::cli
