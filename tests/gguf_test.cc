@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "flowkv/error.h"
+#include "flowkv/inspect.h"
+#include "io/checkpoint.h"
 #include "io/gguf.h"
 #include "quant/quant.h"
 #include "temp_files.h"
@@ -390,6 +392,81 @@ TEST(GgufBadInput, Metadata) {
                {"general.alignment", "power of two"});
   expect_error([&] { parse(Bytes().header(0, 1).str("general.alignment").u32(5).u32(32).s()); },
                {"general.alignment", "UINT32"});
+}
+
+// ---- checkpoints ----
+
+// The golden FLUX.2 diffusers folder rewritten as one GGUF file: 2-D weights whose rows are whole
+// Q8_0 blocks quantized, the rest F32. It scans as a single file, its family is found from the
+// tensor names, the reader hands out the quantized views, and inspect reports it.
+TEST(GgufCheckpoint, ScanReadAndInspectAQuantizedFlux2File) {
+  const std::string src = std::string(FLOWKV_GOLDEN_DIR) + "/flux2/multi_guidance/transformer";
+  const CheckpointScan folder = scan_checkpoint(src);
+  CheckpointReader reader(folder);
+  std::vector<Tensor> keep;
+  std::vector<std::vector<uint8_t>> quantized;
+  std::vector<TensorToWrite> list;
+  int n_quantized = 0;
+  for (const auto& [name, info] : folder.tensors) {
+    const Tensor t = reader.get(name).to_f32();
+    keep.push_back(t);
+    if (t.shape().size() == 2 && t.shape()[1] % 32 == 0) {
+      const int64_t rows = t.shape()[0], cols = t.shape()[1];
+      quantized.emplace_back(static_cast<size_t>(dtype_bytes(DType::kQ8_0, t.numel())));
+      for (int64_t r = 0; r < rows; ++r) {
+        quant::quantize_row(DType::kQ8_0, t.f32() + r * cols,
+                            quantized.back().data() + r * dtype_bytes(DType::kQ8_0, cols), cols);
+      }
+      list.push_back({name, DType::kQ8_0, t.shape(), quantized.back().data()});
+      ++n_quantized;
+    } else {
+      list.push_back({name, DType::kF32, t.shape(), t.raw()});
+    }
+  }
+  ASSERT_GT(n_quantized, 0);
+  test::TempDir dir;
+  const std::string file = dir.file("flux2.gguf");
+  write_gguf(file, {{"general.architecture", GgufValue::string("flux2")}}, list);
+
+  const CheckpointScan scan = scan_checkpoint(file);
+  EXPECT_TRUE(scan.single_file);
+  ASSERT_TRUE(scan.gguf);
+  EXPECT_FALSE(scan.config);
+  EXPECT_EQ(scan.tensors.size(), folder.tensors.size());
+  CheckpointReader gguf_reader(scan);
+  for (const TensorToWrite& t : list) {
+    const Tensor v = gguf_reader.get(t.name);
+    EXPECT_EQ(v.dtype(), t.dtype) << t.name;
+    EXPECT_EQ(v.shape(), t.shape) << t.name;
+    EXPECT_EQ(std::memcmp(v.raw(), t.data, static_cast<size_t>(v.nbytes())), 0) << t.name;
+  }
+
+  InspectReport r = inspect(file, {.check_values = true});
+  EXPECT_TRUE(r.ok()) << format_report(r);
+  EXPECT_EQ(r.family, "FLUX.2");
+  EXPECT_EQ(r.layout, "single .gguf file (GGUF v3)");
+  EXPECT_EQ(r.tensors_by_dtype.at("Q8_0"), n_quantized);
+  ASSERT_EQ(r.metadata.size(), 1u);
+  EXPECT_EQ(r.metadata[0], "general.architecture = \"flux2\"");
+  const std::string text = format_report(r);
+  EXPECT_NE(text.find("Q8_0 " + std::to_string(n_quantized)), std::string::npos) << text;
+
+  // A quantized type on a tensor that is not a 2-D weight is named by the table check.
+  std::map<std::string, TensorInfo> infos = scan.tensors;
+  TensorInfo& one = infos.begin()->second;
+  one.dtype = DType::kQ4_K;
+  one.dtype_name = "Q4_K";
+  const std::vector<std::string> problems =
+      check_against_table(infos, {{infos.begin()->first, {1, 2, 256}}});
+  bool named = false;
+  for (const std::string& p : problems) named |= p.find("Q4_K") != std::string::npos;
+  EXPECT_TRUE(named);
+
+  // A broken GGUF file is a problem line for inspect, an Error for a strict scan.
+  const std::string bad = dir.file("bad.gguf");
+  test::write_file(bad, "GGUF\x03\0\0\0");
+  expect_error([&] { scan_checkpoint(bad); }, {"bad.gguf", "truncated"});
+  EXPECT_FALSE(inspect(bad).ok());
 }
 
 }  // namespace
