@@ -469,5 +469,33 @@ TEST(GgufCheckpoint, ScanReadAndInspectAQuantizedFlux2File) {
   EXPECT_FALSE(inspect(bad).ok());
 }
 
+// A quantized weight whose block scale is infinite is refused where weights enter (the reader)
+// and found by inspect --check-values, with the element named.
+TEST(GgufCheckpoint, NonFiniteQuantizedWeightIsRefused) {
+  test::TempDir dir;
+  const std::string file = dir.file("nan.gguf");
+  std::vector<uint8_t> q(static_cast<size_t>(dtype_bytes(DType::kQ8_0, 2 * 64)), 0);
+  q[3 * 34 + 1] = 0x7c;  // row 1, block 1: scale +Inf, so element 1 * 64 + 32 is Inf x 0 = NaN
+  write_gguf(file, {}, {{"w", DType::kQ8_0, {2, 64}, q.data()}});
+  const CheckpointScan scan = scan_checkpoint(file);
+  CheckpointReader reader(scan);
+  expect_error([&] { reader.get("w"); }, {"'w'", "NaN or infinity at element 96"});
+  const InspectReport r = inspect(file, {.check_values = true});
+  bool found = false;
+  for (const std::string& p : r.problems) found |= p.find("w holds NaN") != std::string::npos;
+  EXPECT_TRUE(found) << format_report(r);
+}
+
+// An unsupported ggml type is a problem line of inspect naming it, and an Error when loading.
+TEST(GgufCheckpoint, UnsupportedTypeIsNamed) {
+  test::TempDir dir;
+  const std::string file = dir.file("iq.gguf");
+  test::write_file(file, Bytes().header(1, 0).tensor("w", {256, 4}, 16, 0).data(1024).s());
+  expect_error([&] { scan_checkpoint(file); }, {"iq.gguf", "\"w\"", "IQ2_XXS", "Q8_0"});
+  const InspectReport r = inspect(file);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.problems[0].find("IQ2_XXS"), std::string::npos) << format_report(r);
+}
+
 }  // namespace
 }  // namespace flowkv
