@@ -82,8 +82,19 @@ TEST(GgufQuant, QuantizeMatchesPackageBitForBit) {
   }
 }
 
+// Equal bits, or both NaN: which NaN payload `x * d + m` returns when both d and m are NaN
+// depends on the operand order the compiler picks (ggml's own builds differ there too); it
+// arises only from NaN scale fields, which no valid file has.
+bool same_or_both_nan(const std::vector<float>& a, const std::vector<float>& b) {
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isnan(a[i]) && std::isnan(b[i])) continue;
+    if (!test::bit_equal(&a[i], &b[i], 1)) return false;
+  }
+  return true;
+}
+
 // The vectorized path equals the scalar one on random blocks (any bits, Inf/NaN scales too) and
-// at lengths with a scalar tail.
+// at lengths with a scalar tail; bit for bit wherever the result is not NaN.
 TEST(GgufQuant, FastDequantizeIsBitIdenticalToScalar) {
   for (DType t : kAllTypes) {
     SCOPED_TRACE(std::string(dtype_name(t)));
@@ -93,7 +104,7 @@ TEST(GgufQuant, FastDequantizeIsBitIdenticalToScalar) {
       std::vector<float> ref(static_cast<size_t>(n)), fast(ref.size());
       quant::dequantize_row_ref(t, src.data(), ref.data(), n);
       quant::dequantize_row(t, src.data(), fast.data(), n);
-      EXPECT_TRUE(test::bit_equal(ref.data(), fast.data(), n)) << n << " elements";
+      EXPECT_TRUE(same_or_both_nan(ref, fast)) << n << " elements";
     }
   }
 }

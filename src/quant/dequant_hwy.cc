@@ -16,7 +16,8 @@ HWY_BEFORE_NAMESPACE();
 namespace flowkv::quant {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
-// At most 16 lanes: a Q6_K vector must not straddle two 16-element scale groups.
+// At most 16 lanes: a Q6_K vector must not straddle two 16-element scale groups, and the
+// 16 nibble bytes of a Q4_0..Q5_1 block are whole vectors.
 using DF = hn::CappedTag<float, 16>;
 using DI = hn::RebindToSigned<DF>;
 using DU = hn::RebindToUnsigned<DF>;
@@ -137,6 +138,123 @@ void DeqQ4K(const uint8_t* src, float* dst, int64_t n) {
   }
 }
 
+// Q4_0 / Q4_1: 16 bytes of nibbles, low nibbles are elements 0..15, high ones 16..31.
+template <bool kHasMin>
+void DeqQ4Legacy(const uint8_t* src, float* dst, int64_t n) {
+  const DF df;
+  const DI di;
+  const DU du;
+  const DU8 du8;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  constexpr int64_t kBytes = kHasMin ? 20 : 18;
+  const auto low = hn::Set(du, 0xFu);
+  const auto eight = hn::Set(di, 8);
+  for (int64_t b = 0; b < n / 32; ++b, src += kBytes, dst += 32) {
+    const auto d = hn::Set(df, LoadF16(src));
+    const auto m = hn::Set(df, kHasMin ? LoadF16(src + 2) : 0.0f);
+    const uint8_t* qs = src + (kHasMin ? 4 : 2);
+    for (int64_t j = 0; j < 16; j += N) {
+      const auto v = hn::PromoteTo(du, hn::LoadU(du8, qs + j));
+      auto x0 = hn::BitCast(di, hn::And(v, low));
+      auto x1 = hn::BitCast(di, hn::ShiftRight<4>(v));
+      if (kHasMin) {  // x * d + m
+        hn::StoreU(hn::Add(hn::Mul(hn::ConvertTo(df, x0), d), m), df, dst + j);
+        hn::StoreU(hn::Add(hn::Mul(hn::ConvertTo(df, x1), d), m), df, dst + 16 + j);
+      } else {  // (x - 8) * d
+        hn::StoreU(hn::Mul(hn::ConvertTo(df, hn::Sub(x0, eight)), d), df, dst + j);
+        hn::StoreU(hn::Mul(hn::ConvertTo(df, hn::Sub(x1, eight)), d), df, dst + 16 + j);
+      }
+    }
+  }
+}
+
+void DeqQ4_0(const uint8_t* src, float* dst, int64_t n) {
+  DeqQ4Legacy<false>(src, dst, n);
+}
+void DeqQ4_1(const uint8_t* src, float* dst, int64_t n) {
+  DeqQ4Legacy<true>(src, dst, n);
+}
+
+// Q5_0 / Q5_1: as Q4_0 / Q4_1 plus a fifth bit per element from the 32-bit qh.
+template <bool kHasMin>
+void DeqQ5Legacy(const uint8_t* src, float* dst, int64_t n) {
+  const DF df;
+  const DI di;
+  const DU du;
+  const DU8 du8;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  constexpr int64_t kBytes = kHasMin ? 24 : 22;
+  const auto low = hn::Set(du, 0xFu);
+  const auto one = hn::Set(du, 1u);
+  const auto sixteen = hn::Set(di, 16);
+  for (int64_t b = 0; b < n / 32; ++b, src += kBytes, dst += 32) {
+    const auto d = hn::Set(df, LoadF16(src));
+    const auto m = hn::Set(df, kHasMin ? LoadF16(src + 2) : 0.0f);
+    uint32_t qh32;
+    std::memcpy(&qh32, src + (kHasMin ? 4 : 2), 4);
+    const auto qh = hn::Set(du, qh32);
+    const uint8_t* qs = src + (kHasMin ? 8 : 6);
+    for (int64_t j = 0; j < 16; j += N) {
+      const auto lane = hn::Iota(du, static_cast<uint32_t>(j));
+      const auto h0 = hn::ShiftLeft<4>(hn::And(hn::Shr(qh, lane), one));
+      const auto h1 = hn::ShiftLeft<4>(hn::And(hn::Shr(qh, hn::Add(lane, hn::Set(du, 16u))), one));
+      const auto v = hn::PromoteTo(du, hn::LoadU(du8, qs + j));
+      auto x0 = hn::BitCast(di, hn::Or(hn::And(v, low), h0));
+      auto x1 = hn::BitCast(di, hn::Or(hn::ShiftRight<4>(v), h1));
+      if (kHasMin) {
+        hn::StoreU(hn::Add(hn::Mul(hn::ConvertTo(df, x0), d), m), df, dst + j);
+        hn::StoreU(hn::Add(hn::Mul(hn::ConvertTo(df, x1), d), m), df, dst + 16 + j);
+      } else {
+        hn::StoreU(hn::Mul(hn::ConvertTo(df, hn::Sub(x0, sixteen)), d), df, dst + j);
+        hn::StoreU(hn::Mul(hn::ConvertTo(df, hn::Sub(x1, sixteen)), d), df, dst + 16 + j);
+      }
+    }
+  }
+}
+
+void DeqQ5_0(const uint8_t* src, float* dst, int64_t n) {
+  DeqQ5Legacy<false>(src, dst, n);
+}
+void DeqQ5_1(const uint8_t* src, float* dst, int64_t n) {
+  DeqQ5Legacy<true>(src, dst, n);
+}
+
+void DeqQ5K(const uint8_t* src, float* dst, int64_t n) {
+  const DF df;
+  const DI di;
+  const DU du;
+  const DU8 du8;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  const auto low = hn::Set(du, 0xFu);
+  const auto one = hn::Set(du, 1u);
+  for (int64_t b = 0; b < n / 256; ++b, src += 176) {
+    const float d = LoadF16(src), min = LoadF16(src + 2);
+    const uint8_t* scales = src + 4;
+    const uint8_t* qh = src + 16;
+    const uint8_t* ql = src + 48;
+    for (int is = 0; is < 8; is += 2, ql += 32, dst += 64) {
+      int sc, m;
+      ScaleMinK4(is, scales, &sc, &m);
+      const auto d1 = hn::Set(df, d * static_cast<float>(sc));
+      const auto m1 = hn::Set(df, min * static_cast<float>(m));
+      ScaleMinK4(is + 1, scales, &sc, &m);
+      const auto d2 = hn::Set(df, d * static_cast<float>(sc));
+      const auto m2 = hn::Set(df, min * static_cast<float>(m));
+      for (int64_t l = 0; l < 32; l += N) {
+        const auto v = hn::PromoteTo(du, hn::LoadU(du8, ql + l));
+        const auto h = hn::PromoteTo(du, hn::LoadU(du8, qh + l));
+        // Bit `is` of qh[l] adds 16 to the low nibble, bit `is + 1` to the high one.
+        const auto h1 = hn::ShiftLeft<4>(hn::And(hn::ShiftRightSame(h, is), one));
+        const auto h2 = hn::ShiftLeft<4>(hn::And(hn::ShiftRightSame(h, is + 1), one));
+        const auto lo = hn::ConvertTo(df, hn::BitCast(di, hn::Add(hn::And(v, low), h1)));
+        const auto hi = hn::ConvertTo(df, hn::BitCast(di, hn::Add(hn::ShiftRight<4>(v), h2)));
+        hn::StoreU(hn::Sub(hn::Mul(d1, lo), m1), df, dst + l);
+        hn::StoreU(hn::Sub(hn::Mul(d2, hi), m2), df, dst + 32 + l);
+      }
+    }
+  }
+}
+
 void DeqQ6K(const uint8_t* src, float* dst, int64_t n) {
   const DF df;
   const DI di;
@@ -191,7 +309,12 @@ namespace flowkv::quant {
 HWY_EXPORT(DeqBf16);
 HWY_EXPORT(DeqF16);
 HWY_EXPORT(DeqQ8_0);
+HWY_EXPORT(DeqQ4_0);
+HWY_EXPORT(DeqQ4_1);
+HWY_EXPORT(DeqQ5_0);
+HWY_EXPORT(DeqQ5_1);
 HWY_EXPORT(DeqQ4K);
+HWY_EXPORT(DeqQ5K);
 HWY_EXPORT(DeqQ6K);
 HWY_EXPORT(TargetName);
 
@@ -206,8 +329,18 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
       return HWY_DYNAMIC_DISPATCH(DeqF16)(s, dst, n);
     case DType::kQ8_0:
       return HWY_DYNAMIC_DISPATCH(DeqQ8_0)(s, dst, n);
+    case DType::kQ4_0:
+      return HWY_DYNAMIC_DISPATCH(DeqQ4_0)(s, dst, n);
+    case DType::kQ4_1:
+      return HWY_DYNAMIC_DISPATCH(DeqQ4_1)(s, dst, n);
+    case DType::kQ5_0:
+      return HWY_DYNAMIC_DISPATCH(DeqQ5_0)(s, dst, n);
+    case DType::kQ5_1:
+      return HWY_DYNAMIC_DISPATCH(DeqQ5_1)(s, dst, n);
     case DType::kQ4_K:
       return HWY_DYNAMIC_DISPATCH(DeqQ4K)(s, dst, n);
+    case DType::kQ5_K:
+      return HWY_DYNAMIC_DISPATCH(DeqQ5K)(s, dst, n);
     case DType::kQ6_K:
       return HWY_DYNAMIC_DISPATCH(DeqQ6K)(s, dst, n);
     default:

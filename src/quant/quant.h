@@ -14,8 +14,9 @@
 namespace flowkv::quant {
 
 // Widens n elements of type t at src to f32. The fastest path this CPU has (AVX2/AVX-512 via
-// Highway for BF16, F16, Q8_0, Q4_K and Q6_K; the scalar reference otherwise), bit-identical
-// to dequantize_row_ref. Fails (flowkv::Error) when n is negative or not whole blocks.
+// Highway for every type but F32, which is a copy), bit-identical to dequantize_row_ref.
+// src needs no alignment; rows of a [rows, cols] tensor are dtype_bytes(t, cols) bytes apart. Fails
+// (flowkv::Error) when n is negative or not whole blocks.
 void dequantize_row(DType t, const void* src, float* dst, int64_t n);
 
 // The scalar reference of dequantize_row.
