@@ -15,7 +15,9 @@ namespace flowkv::quant {
 
 // Widens n elements of type t at src to f32. The fastest path this CPU has (AVX2/AVX-512 via
 // Highway for every type but F32, which is a copy), bit-identical to dequantize_row_ref.
-// src needs no alignment; rows of a [rows, cols] tensor are dtype_bytes(t, cols) bytes apart. Fails
+// src needs no alignment; rows of a [rows, cols] tensor are dtype_bytes(t, cols) bytes apart,
+// and a part of a row starting at a block boundary (element k, k % dtype_block(t) == 0, at byte
+// dtype_bytes(t, k)) dequantizes on its own, so a GEMM may widen a K-slice of a panel. Fails
 // (flowkv::Error) when n is negative or not whole blocks.
 void dequantize_row(DType t, const void* src, float* dst, int64_t n);
 
