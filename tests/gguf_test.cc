@@ -12,6 +12,7 @@
 
 #include "flowkv/error.h"
 #include "flowkv/inspect.h"
+#include "hwy/targets.h"
 #include "io/checkpoint.h"
 #include "io/gguf.h"
 #include "quant/quant.h"
@@ -96,17 +97,24 @@ bool same_or_both_nan(const std::vector<float>& a, const std::vector<float>& b) 
 // The vectorized path equals the scalar one on random blocks (any bits, Inf/NaN scales too) and
 // at lengths with a scalar tail; bit for bit wherever the result is not NaN.
 TEST(GgufQuant, FastDequantizeIsBitIdenticalToScalar) {
-  for (DType t : kAllTypes) {
-    SCOPED_TRACE(std::string(dtype_name(t)));
-    for (int64_t blocks : {1, 3, 37, 48}) {
-      const int64_t n = blocks * std::max<int64_t>(dtype_block(t), 1);
-      const auto src = random_bytes(dtype_bytes(t, n), 7 + static_cast<uint64_t>(n));
-      std::vector<float> ref(static_cast<size_t>(n)), fast(ref.size());
-      quant::dequantize_row_ref(t, src.data(), ref.data(), n);
-      quant::dequantize_row(t, src.data(), fast.data(), n);
-      EXPECT_TRUE(same_or_both_nan(ref, fast)) << n << " elements";
+  // Every instruction set compiled in and supported here (AVX2, SSE4, ... : 4 to 16 lanes).
+  for (const int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    const std::string name = quant::dequantize_target_name();
+    SCOPED_TRACE(name);
+    for (DType t : kAllTypes) {
+      SCOPED_TRACE(std::string(dtype_name(t)));
+      for (int64_t blocks : {1, 3, 37, 48}) {
+        const int64_t n = blocks * std::max<int64_t>(dtype_block(t), 1);
+        const auto src = random_bytes(dtype_bytes(t, n), 7 + static_cast<uint64_t>(n));
+        std::vector<float> ref(static_cast<size_t>(n)), fast(ref.size());
+        quant::dequantize_row_ref(t, src.data(), ref.data(), n);
+        quant::dequantize_row(t, src.data(), fast.data(), n);
+        EXPECT_TRUE(same_or_both_nan(ref, fast)) << n << " elements";
+      }
     }
   }
+  hwy::SetSupportedTargetsForTest(0);  // back to the CPU's own
 }
 
 double rel_rms(const std::vector<float>& a, const std::vector<float>& b) {
