@@ -12,13 +12,17 @@ namespace flowkv {
 
 struct InspectReport {
   std::string path;
-  std::string layout;   // "diffusers folder", "diffusers folder, N shards", "BFL single file"
+  std::string layout;   // "diffusers folder", "diffusers folder, N shards", "BFL single file",
+                        // "single .gguf file"
   std::string family;   // "FLUX.2", or "unknown"
   std::string variant;  // e.g. "FLUX.2 Klein 9B (or Klein 9B KV: same architecture)"
   int64_t files = 0;
   int64_t tensors = 0;
   int64_t parameters = 0;
   std::map<std::string, int64_t> bytes_by_dtype;
+  std::map<std::string, int64_t> tensors_by_dtype;  // tensor count per stored type
+  // A GGUF file's metadata, one "key = value" line each (long arrays abbreviated).
+  std::vector<std::string> metadata;
   std::string config_json;  // the config in effect (from config.json, or inferred from shapes)
   bool config_inferred = false;
   std::vector<std::string> problems;  // every problem found; empty when the files are sound

@@ -30,4 +30,10 @@ inline constexpr int64_t kMaxJsonFileBytes = int64_t{64} << 20;
 // Tensors in one checkpoint (FLUX.2 dev holds ~800).
 inline constexpr int64_t kMaxTensors = 1000000;
 
+// GGUF metadata: keys of one file (llama.cpp models carry ~40), bytes of one string (a chat
+// template is a few KiB) and elements of one array (a tokenizer vocabulary is <= 256k).
+inline constexpr int64_t kMaxGgufKeys = 65536;
+inline constexpr int64_t kMaxGgufStringBytes = int64_t{16} << 20;
+inline constexpr int64_t kMaxGgufArrayElements = int64_t{1} << 24;
+
 }  // namespace flowkv::limits

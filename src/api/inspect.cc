@@ -12,6 +12,7 @@ namespace {
 
 // How the files are laid out; a family that maps another layout (FLUX.2's BFL files) says so.
 std::string layout_name(const CheckpointScan& scan) {
+  if (scan.gguf) return "single .gguf file (GGUF v" + std::to_string(scan.gguf->version) + ")";
   if (scan.single_file) return "single .safetensors file";
   if (scan.files.size() > 1)
     return "diffusers folder, " + std::to_string(scan.files.size()) + " shards";
@@ -21,15 +22,22 @@ std::string layout_name(const CheckpointScan& scan) {
 // One line per tensor holding NaN or infinity.
 std::vector<std::string> non_finite_tensors(const CheckpointScan& scan) {
   std::vector<std::string> out;
+  auto check = [&](const TensorInfo& t, const Tensor& v) {
+    const int64_t bad = first_non_finite(v);
+    if (bad >= 0) {
+      out.push_back("non-finite value: " + t.name + " holds NaN or infinity at element " +
+                    std::to_string(bad));
+    }
+  };
+  if (scan.gguf) {
+    const GgufFile file = GgufFile::open(scan.gguf->path);
+    for (const TensorInfo& t : file.header().tensors) check(t, file.view(t));
+    return out;
+  }
   for (const std::string& f : scan.files) {
     const SafetensorsFile file = SafetensorsFile::open(f);
     for (const TensorInfo& t : file.header().tensors) {
-      if (!t.dtype_known) continue;
-      const int64_t bad = first_non_finite(file.view(t));
-      if (bad >= 0) {
-        out.push_back("non-finite value: " + t.name + " holds NaN or infinity at element " +
-                      std::to_string(bad));
-      }
+      if (t.dtype_known) check(t, file.view(t));
     }
   }
   return out;
@@ -63,7 +71,14 @@ InspectReport inspect(const std::string& path, const InspectOptions& opts) {
   }
   r.files = static_cast<int64_t>(scan.files.size());
   r.tensors = static_cast<int64_t>(scan.tensors.size());
-  for (const auto& [name, t] : scan.tensors) r.bytes_by_dtype[t.dtype_name] += t.end - t.begin;
+  for (const auto& [name, t] : scan.tensors) {
+    r.bytes_by_dtype[t.dtype_name] += t.end - t.begin;
+    r.tensors_by_dtype[t.dtype_name] += 1;
+  }
+  if (scan.gguf) {
+    for (const auto& [key, v] : scan.gguf->metadata)
+      r.metadata.push_back(key + " = " + v.summary());
+  }
   r.layout = layout_name(scan);
   for (const auto& [name, t] : scan.tensors) r.parameters += shape_numel(t.shape);
   if (const families::Family* f = families::for_scan(scan)) {
@@ -89,9 +104,16 @@ std::string format_report(const InspectReport& r) {
   o << "family:     " << r.family << "\n";
   o << "variant:    " << r.variant << "\n";
   o << "parameters: " << r.parameters << " (" << static_cast<double>(r.parameters) / 1e9 << " B)\n";
+  o << "types:     ";
+  for (const auto& [dt, n] : r.tensors_by_dtype) o << " " << dt << " " << n;
+  o << "\n";
   o << "bytes:     ";
   for (const auto& [dt, b] : r.bytes_by_dtype) o << " " << dt << " " << b << " (" << gib(b) << ")";
   o << "\n";
+  if (!r.metadata.empty()) {
+    o << "metadata:   " << r.metadata.size() << " keys\n";
+    for (const std::string& m : r.metadata) o << "  " << m << "\n";
+  }
   if (!r.config_json.empty()) {
     o << "config" << (r.config_inferred ? " (inferred from shapes): " : ":     ") << r.config_json
       << "\n";

@@ -10,6 +10,7 @@
 #include "core/checked.h"
 #include "core/memory.h"
 #include "flowkv/error.h"
+#include "quant/quant.h"
 
 namespace flowkv {
 
@@ -152,8 +153,14 @@ Tensor Tensor::to_f32() const {
     case DType::kF16:
       for (int64_t i = 0; i < n; ++i) o[i] = f16_to_f32(u16()[i]);
       break;
-    default:
-      fail("converting a ", dtype_name(dtype_), " tensor to F32 is not supported");
+    default: {  // quantized: rows are whole blocks (checked when the tensor was made)
+      const int64_t cols = shape_.back();
+      const auto* src = static_cast<const uint8_t*>(data_);
+      const int64_t row_bytes = dtype_bytes(dtype_, cols);
+      for (int64_t r = 0; cols > 0 && r < n / cols; ++r) {
+        quant::dequantize_row(dtype_, src + r * row_bytes, o + r * cols, cols);
+      }
+    }
   }
   return out;
 }
@@ -191,10 +198,21 @@ int64_t first_non_finite(const Tensor& t) {
       return first_all_ones(static_cast<const uint16_t*>(t.raw()), t.numel(), uint16_t{0x7f80});
     case DType::kF16:
       return first_all_ones(static_cast<const uint16_t*>(t.raw()), t.numel(), uint16_t{0x7c00});
-    default:
-      fail("finite check of a ", dtype_name(t.dtype()), " tensor is not supported");
+    default: {  // quantized: widen one row at a time (a row is whole blocks)
+      const int64_t cols = t.shape().back();
+      if (cols == 0) return -1;
+      const auto* src = static_cast<const uint8_t*>(t.raw());
+      const int64_t row_bytes = dtype_bytes(t.dtype(), cols);
+      std::vector<float> row(static_cast<size_t>(cols));
+      for (int64_t r = 0; r < t.numel() / cols; ++r) {
+        quant::dequantize_row(t.dtype(), src + r * row_bytes, row.data(), cols);
+        const int64_t i =
+            first_all_ones(reinterpret_cast<const uint32_t*>(row.data()), cols, 0x7f800000u);
+        if (i >= 0) return r * cols + i;
+      }
+      return -1;
+    }
   }
-  return -1;
 }
 
 }  // namespace flowkv

@@ -95,6 +95,23 @@ void scan_sharded(CheckpointScan& scan, const fs::path& dir, bool lenient) {
   for (const auto& l : lines) scan.problems.push_back(index_path + ": " + l);
 }
 
+bool is_gguf_file(const std::string& path) {
+  return read_file_prefix(path, 4) == "GGUF";
+}
+
+void add_gguf_file(CheckpointScan& scan, const std::string& file, bool lenient) {
+  try {
+    auto h = std::make_shared<GgufHeader>(read_gguf_header(file));
+    for (const TensorInfo& t : h->tensors) scan.tensors.emplace(t.name, t);  // names are unique
+    scan.gguf = std::move(h);
+  } catch (const Error& e) {
+    if (!lenient) throw;
+    scan.problems.push_back(e.what());
+    return;
+  }
+  scan.files.push_back(file);
+}
+
 }  // namespace
 
 static CheckpointScan scan_checkpoint_unguarded(const std::string& path_in, bool lenient) {
@@ -104,7 +121,11 @@ static CheckpointScan scan_checkpoint_unguarded(const std::string& path_in, bool
   if (path_kind(path_in) == PathKind::kFile) {
     scan.path = path.string();
     scan.single_file = true;
-    add_file(scan, path.string(), lenient);
+    if (is_gguf_file(path.string())) {
+      add_gguf_file(scan, path.string(), lenient);
+    } else {
+      add_file(scan, path.string(), lenient);
+    }
     return scan;
   }
   FLOWKV_CHECK(path_kind(path_in) == PathKind::kFolder, path_in, ": not a file or folder");
@@ -165,7 +186,11 @@ std::vector<std::string> check_against_table(const std::map<std::string, TensorI
     }
     if (!t.dtype_known) {
       wrong.push_back("wrong dtype: " + e.name + " is " + t.dtype_name +
-                      ", expected F32, BF16 or F16");
+                      ", expected F32, BF16, F16 or (2-D weights) a GGUF block-quantized type");
+    } else if (dtype_is_quantized(t.dtype) && e.shape.size() != 2) {
+      wrong.push_back("wrong dtype: " + e.name + " is " + t.dtype_name +
+                      "; block-quantized types are accepted only for 2-D weights, expected F32, "
+                      "BF16 or F16");
     }
   }
   for (const auto& [name, t] : tensors) {
@@ -266,6 +291,11 @@ void write_diffusers_folder(const std::string& dir, const Json& config,
 }
 
 CheckpointReader::CheckpointReader(const CheckpointScan& scan) {
+  if (scan.gguf) {
+    gguf_ = std::make_shared<GgufFile>(GgufFile::open(scan.gguf->path));
+    for (const TensorInfo& t : gguf_->header().tensors) index_[t.name] = {0, t};
+    return;
+  }
   for (const std::string& f : scan.files) files_.push_back(SafetensorsFile::open(f));
   for (size_t i = 0; i < files_.size(); ++i) {
     for (const TensorInfo& t : files_[i].header().tensors) index_[t.name] = {i, t};
@@ -282,7 +312,7 @@ Tensor CheckpointReader::get(const std::string& name) const {
   if (last_) files_[last_->first].release(last_->second);
   last_ = &it->second;
   const TensorInfo& info = it->second.second;
-  Tensor t = files_[it->second.first].view(info);
+  Tensor t = gguf_ ? gguf_->view(info) : files_[it->second.first].view(info);
   // Weights enter here: a NaN or infinity would silently poison every output.
   const int64_t bad = first_non_finite(t);
   FLOWKV_CHECK(bad < 0, info.file, ": tensor '", info.name, "' holds NaN or infinity at element ",

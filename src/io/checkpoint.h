@@ -1,16 +1,19 @@
 // Checkpoint discovery: a diffusers-format transformer folder (config.json plus one
 // safetensors file or a sharded set with its index), a pipeline folder holding one
-// (`transformer/`), or a single .safetensors file (the original BFL layout, no config).
+// (`transformer/`), a single .safetensors file (the original BFL layout, no config), or a single
+// .gguf file (ggml's format, possibly block-quantized; no config, the tensor names tell).
 // `scan_checkpoint` reads headers only; `CheckpointReader` maps the data.
 #pragma once
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "flowkv/tensor.h"
+#include "io/gguf.h"
 #include "io/json.h"
 #include "io/safetensors.h"
 
@@ -18,7 +21,8 @@ namespace flowkv {
 
 struct CheckpointScan {
   std::string path;                           // the transformer folder, or the single file
-  bool single_file = false;                   // a lone .safetensors (no config.json)
+  bool single_file = false;                   // a lone .safetensors or .gguf (no config.json)
+  std::shared_ptr<const GgufHeader> gguf;     // a lone .gguf: its header (metadata, tensors)
   std::optional<Json> config;                 // config.json, when the folder has one
   std::vector<std::string> files;             // safetensors files, in shard order
   std::map<std::string, TensorInfo> tensors;  // every tensor of every file, by name
@@ -49,7 +53,8 @@ void check_weights_fit(const std::vector<ExpectedTensor>& table,
                        const std::string& what);
 
 // Compares the files with the table. Returns one line per problem (missing, unexpected,
-// wrong shape, non-float dtype); empty when everything matches.
+// wrong shape, a dtype flowkv cannot read, a block-quantized dtype on a tensor that is not a
+// 2-D weight); empty when everything matches. Quantized 2-D weights (GGUF) are accepted.
 std::vector<std::string> check_against_table(const std::map<std::string, TensorInfo>& tensors,
                                              const std::vector<ExpectedTensor>& expected);
 
@@ -74,6 +79,7 @@ class CheckpointReader {
 
  private:
   std::vector<SafetensorsFile> files_;
+  std::shared_ptr<const GgufFile> gguf_;  // a lone .gguf instead of safetensors files
   std::map<std::string, std::pair<size_t, TensorInfo>> index_;
   mutable const std::pair<size_t, TensorInfo>* last_ = nullptr;
 };

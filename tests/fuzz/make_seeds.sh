@@ -8,7 +8,7 @@ root="$(cd "$(dirname "$0")/../.." && pwd)"
 golden="$root/tests/golden"
 
 targets=(fuzz_safetensors_header fuzz_shard_index fuzz_flux2_config fuzz_qwen_config
-         fuzz_inspect_folder)
+         fuzz_inspect_folder fuzz_gguf)
 for t in "${targets[@]}"; do rm -rf "${out:?}/$t"; mkdir -p "$out/$t"; done
 
 # Bytes of an unsigned integer, little-endian, on stdout.
@@ -55,6 +55,11 @@ while IFS= read -r st; do
     } >"$out/fuzz_inspect_folder/$(seed_name "$dir")_flags$flags"
   done
 done < <(find "$golden" -name diffusion_pytorch_model.safetensors | sort)
+
+# GGUF files, whole (the reference files are small: tests/golden/gguf is ~28 KiB).
+while IFS= read -r f; do
+  cp "$f" "$out/fuzz_gguf/$(seed_name "$f")"
+done < <(find "$golden" -name '*.gguf' | sort)
 
 for t in "${targets[@]}"; do
   echo "seeds: $t: $(find "$out/$t" -type f | wc -l) files, $(du -sk "$out/$t" | cut -f1) KiB"

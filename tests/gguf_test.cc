@@ -1,0 +1,520 @@
+// GGUF files and ggml's block formats: dequantization and quantization bit for bit against the
+// gguf Python package (tests/golden/gguf, python/ref/dump_gguf.py), the vectorized path against
+// the scalar one, the reader on the package's files, the writer round trip, and every bad header
+// as a clear flowkv::Error.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "flowkv/error.h"
+#include "flowkv/inspect.h"
+#include "hwy/targets.h"
+#include "io/checkpoint.h"
+#include "io/gguf.h"
+#include "quant/quant.h"
+#include "temp_files.h"
+#include "test_util.h"
+
+namespace flowkv {
+namespace {
+
+using test::expect_error;
+
+const std::string kTypesFile = std::string(FLOWKV_GOLDEN_DIR) + "/gguf/types.gguf";
+const std::string kAligned64File = std::string(FLOWKV_GOLDEN_DIR) + "/gguf/aligned64.gguf";
+
+constexpr DType kAllTypes[] = {DType::kF32,  DType::kF16,  DType::kBF16, DType::kQ8_0,
+                               DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1,
+                               DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
+
+std::vector<uint8_t> random_bytes(int64_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<uint8_t> v(static_cast<size_t>(n));
+  for (auto& b : v) b = static_cast<uint8_t>(rng());
+  return v;
+}
+
+// ---- dequantization and quantization against the gguf package ----
+
+TEST(GgufQuant, DequantizeMatchesPackageBitForBit) {
+  const GgufFile f = GgufFile::open(kTypesFile);
+  for (DType t : kAllTypes) {
+    SCOPED_TRACE(std::string(dtype_name(t)));
+    const std::string name = "deq." + std::string(dtype_name(t));
+    const Tensor q = f.view(name);
+    const Tensor want = f.view(name + ".expected");
+    ASSERT_EQ(q.dtype(), t);
+    ASSERT_EQ(q.shape(), want.shape());
+    const int64_t rows = q.shape()[0], cols = q.shape()[1];
+    const int64_t row_bytes = dtype_bytes(t, cols);
+    std::vector<float> ref(static_cast<size_t>(cols)), fast(ref.size());
+    for (int64_t r = 0; r < rows; ++r) {
+      const auto* src = static_cast<const uint8_t*>(q.raw()) + r * row_bytes;
+      quant::dequantize_row_ref(t, src, ref.data(), cols);
+      quant::dequantize_row(t, src, fast.data(), cols);
+      EXPECT_TRUE(test::bit_equal(ref.data(), want.f32() + r * cols, cols)) << "row " << r;
+      EXPECT_TRUE(test::bit_equal(fast.data(), want.f32() + r * cols, cols)) << "row " << r;
+    }
+    const Tensor wide = q.to_f32();
+    EXPECT_TRUE(test::bit_equal(wide.f32(), want.f32(), want.numel()));
+    EXPECT_EQ(first_non_finite(q), -1);
+  }
+}
+
+TEST(GgufQuant, QuantizeMatchesPackageBitForBit) {
+  const GgufFile f = GgufFile::open(kTypesFile);
+  for (DType t : {DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0,
+                  DType::kQ5_1}) {
+    SCOPED_TRACE(std::string(dtype_name(t)));
+    const std::string name = "quant." + std::string(dtype_name(t));
+    const Tensor x = f.view(name + ".input");
+    const Tensor want = f.view(name);
+    ASSERT_EQ(want.dtype(), t);
+    std::vector<uint8_t> got(static_cast<size_t>(want.nbytes()));
+    const int64_t rows = x.shape()[0], cols = x.shape()[1];
+    for (int64_t r = 0; r < rows; ++r) {
+      quant::quantize_row(t, x.f32() + r * cols, got.data() + r * dtype_bytes(t, cols), cols);
+    }
+    EXPECT_EQ(std::memcmp(got.data(), want.raw(), got.size()), 0);
+  }
+}
+
+// Equal bits, or both NaN: which NaN payload `x * d + m` returns when both d and m are NaN
+// depends on the operand order the compiler picks (ggml's own builds differ there too); it
+// arises only from NaN scale fields, which no valid file has.
+bool same_or_both_nan(const std::vector<float>& a, const std::vector<float>& b) {
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isnan(a[i]) && std::isnan(b[i])) continue;
+    if (!test::bit_equal(&a[i], &b[i], 1)) return false;
+  }
+  return true;
+}
+
+// The vectorized path equals the scalar one on random blocks (any bits, Inf/NaN scales too) and
+// at lengths with a scalar tail; bit for bit wherever the result is not NaN.
+TEST(GgufQuant, FastDequantizeIsBitIdenticalToScalar) {
+  // Every instruction set compiled in and supported here (AVX2, SSE4, ... : 4 to 16 lanes).
+  for (const int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    const std::string name = quant::dequantize_target_name();
+    SCOPED_TRACE(name);
+    for (DType t : kAllTypes) {
+      SCOPED_TRACE(std::string(dtype_name(t)));
+      for (int64_t blocks : {1, 3, 37, 48}) {
+        const int64_t n = blocks * std::max<int64_t>(dtype_block(t), 1);
+        const auto src = random_bytes(dtype_bytes(t, n), 7 + static_cast<uint64_t>(n));
+        std::vector<float> ref(static_cast<size_t>(n)), fast(ref.size());
+        quant::dequantize_row_ref(t, src.data(), ref.data(), n);
+        quant::dequantize_row(t, src.data(), fast.data(), n);
+        EXPECT_TRUE(same_or_both_nan(ref, fast)) << n << " elements";
+      }
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);  // back to the CPU's own
+}
+
+double rel_rms(const std::vector<float>& a, const std::vector<float>& b) {
+  double e = 0, r = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    e += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    r += double(b[i]) * b[i];
+  }
+  return std::sqrt(e / r);
+}
+
+// No numpy quantizer exists for the k-quants: their round trip stays within the errors ggml's
+// formats are known for (relative RMS on Gaussian data).
+TEST(GgufQuant, QuantizeRoundTripErrorBounds) {
+  const struct {
+    DType t;
+    double bound;
+  } cases[] = {{DType::kF16, 1e-3},  {DType::kBF16, 5e-3}, {DType::kQ8_0, 0.01},
+               {DType::kQ4_0, 0.15}, {DType::kQ4_1, 0.12}, {DType::kQ5_0, 0.07},
+               {DType::kQ5_1, 0.06}, {DType::kQ4_K, 0.12}, {DType::kQ5_K, 0.06},
+               {DType::kQ6_K, 0.03}};
+  const int64_t n = 4096;
+  const std::vector<float> x = test::randn(n, 11, 0.02f);
+  for (const auto& c : cases) {
+    SCOPED_TRACE(std::string(dtype_name(c.t)));
+    std::vector<uint8_t> q(static_cast<size_t>(dtype_bytes(c.t, n)));
+    std::vector<float> y(static_cast<size_t>(n));
+    quant::quantize_row(c.t, x.data(), q.data(), n);
+    quant::dequantize_row(c.t, q.data(), y.data(), n);
+    const double e = rel_rms(y, x);
+    EXPECT_LT(e, c.bound);
+    EXPECT_GT(e, 0.0);
+    // Zeros stay zeros.
+    std::vector<float> zeros(static_cast<size_t>(n), 0.0f);
+    quant::quantize_row(c.t, zeros.data(), q.data(), n);
+    quant::dequantize_row(c.t, q.data(), y.data(), n);
+    for (float v : y) ASSERT_EQ(v, 0.0f);
+  }
+}
+
+TEST(GgufQuant, RowsMustBeWholeBlocksAndFinite) {
+  std::vector<float> x(300, 1.0f);
+  std::vector<uint8_t> q(1024);
+  expect_error([&] { quant::quantize_row(DType::kQ4_K, x.data(), q.data(), 300); },
+               {"Q4_K", "300", "256"});
+  expect_error([&] { quant::dequantize_row(DType::kQ8_0, q.data(), x.data(), 31); },
+               {"Q8_0", "31", "32"});
+  x[5] = NAN;
+  expect_error([&] { quant::quantize_row(DType::kQ8_0, x.data(), q.data(), 32); },
+               {"element 5", "finite"});
+}
+
+TEST(GgufQuant, FirstNonFiniteOfQuantizedTensor) {
+  Tensor t = Tensor::zeros({3, 64}, DType::kQ8_0);
+  EXPECT_EQ(first_non_finite(t), -1);
+  // Row 2, block 1: scale +Inf (f16 0x7c00); its first element is Inf x 0 = NaN.
+  auto* b = static_cast<uint8_t*>(t.raw()) + 2 * 68 + 34;
+  b[0] = 0x00;
+  b[1] = 0x7c;
+  EXPECT_EQ(first_non_finite(t), 2 * 64 + 32);
+}
+
+// ---- reader ----
+
+TEST(GgufReader, ReadsThePackagesMetadata) {
+  const GgufHeader h = read_gguf_header(kTypesFile);
+  EXPECT_EQ(h.version, 3u);
+  EXPECT_EQ(h.alignment, 32);
+  auto get = [&](const char* k) {
+    const GgufValue* v = h.find(k);
+    EXPECT_NE(v, nullptr) << k;
+    return v ? *v : GgufValue();
+  };
+  EXPECT_EQ(get("general.architecture").s, "flowkv-test");
+  EXPECT_EQ(get("test.u8").u, 200u);
+  EXPECT_EQ(get("test.i8").i, -100);
+  EXPECT_EQ(get("test.u16").u, 60000u);
+  EXPECT_EQ(get("test.i16").i, -30000);
+  EXPECT_EQ(get("test.u32").u, 4000000000u);
+  EXPECT_EQ(get("test.i32").i, -2000000000);
+  EXPECT_EQ(get("test.f32").f, 1.5);
+  EXPECT_EQ(get("test.u64").u, 18000000000000000000u);
+  EXPECT_EQ(get("test.i64").i, -9000000000000000000);
+  EXPECT_EQ(get("test.f64").f, -2.25);
+  EXPECT_EQ(get("test.bool").i, 1);
+  EXPECT_EQ(get("test.string").s, "h\xc3\xa9llo gguf");
+  EXPECT_EQ(get("test.array_i32").ai, (std::vector<int64_t>{1, -2, 3}));
+  EXPECT_EQ(get("test.array_f32").af, (std::vector<double>{0.5, -1.0}));
+  EXPECT_EQ(get("test.array_str").as, (std::vector<std::string>{"a", "bc", ""}));
+  EXPECT_EQ(get("test.array_bool").ai, (std::vector<int64_t>{1, 0}));
+  EXPECT_EQ(get("test.array_i32").summary(), "[1, -2, 3]");
+  // Tensor dims are reversed to PyTorch order.
+  ASSERT_FALSE(h.tensors.empty());
+  EXPECT_EQ(h.tensors[0].name, "deq.F32");
+  EXPECT_EQ(h.tensors[0].shape, (Shape{2, 64}));
+}
+
+TEST(GgufReader, CustomAlignment) {
+  const GgufFile f = GgufFile::open(kAligned64File);
+  EXPECT_EQ(f.header().alignment, 64);
+  EXPECT_EQ(f.header().data_start % 64, 0);
+  const Tensor b = f.view("b.weight");
+  EXPECT_EQ(b.shape(), (Shape{2, 5}));
+  EXPECT_EQ(f.view("a").shape(), (Shape{3}));
+  EXPECT_TRUE(std::isfinite(b.f32()[9]));
+  expect_error([&] { f.view("missing"); }, {"no tensor", "missing"});
+}
+
+// ---- writer ----
+
+TEST(GgufWriter, RoundTrip) {
+  test::TempDir dir;
+  const std::string path = dir.file("w.gguf");
+  GgufMetadata md;
+  md.emplace_back("general.architecture", GgufValue::string("flux2"));
+  md.emplace_back("general.alignment", GgufValue::u32(64));
+  md.emplace_back("a.u64", GgufValue::u64(1ull << 40));
+  md.emplace_back("a.i32", GgufValue::i32(-5));
+  md.emplace_back("a.f32", GgufValue::f32(0.25f));
+  md.emplace_back("a.bool", GgufValue::boolean(true));
+  md.emplace_back("a.strs", GgufValue::strings({"x", "yz"}));
+  md.emplace_back("a.ints", GgufValue::i32s({7, -8}));
+  const std::vector<float> x = test::randn(2 * 512, 3);
+  std::vector<uint8_t> q4k(static_cast<size_t>(dtype_bytes(DType::kQ4_K, 1024)));
+  for (int r = 0; r < 2; ++r) {
+    quant::quantize_row(DType::kQ4_K, x.data() + r * 512, q4k.data() + r * 288, 512);
+  }
+  std::vector<uint16_t> bf(6);
+  for (size_t i = 0; i < bf.size(); ++i) bf[i] = f32_to_bf16(x[i]);
+  write_gguf(path, md,
+             {{"w.q4k", DType::kQ4_K, {2, 512}, q4k.data()},
+              {"w.f32", DType::kF32, {3}, x.data()},
+              {"w.bf16", DType::kBF16, {2, 1, 3}, bf.data()}});
+  const GgufFile f = GgufFile::open(path);
+  const GgufHeader& h = f.header();
+  EXPECT_EQ(h.alignment, 64);
+  ASSERT_EQ(h.metadata.size(), md.size());
+  for (size_t i = 0; i < md.size(); ++i) {
+    EXPECT_EQ(h.metadata[i].first, md[i].first);
+    EXPECT_EQ(h.metadata[i].second.summary(), md[i].second.summary());
+  }
+  const Tensor a = f.view("w.q4k");
+  EXPECT_EQ(a.dtype(), DType::kQ4_K);
+  EXPECT_EQ(a.shape(), (Shape{2, 512}));
+  EXPECT_EQ(std::memcmp(a.raw(), q4k.data(), q4k.size()), 0);
+  EXPECT_EQ(std::memcmp(f.view("w.f32").raw(), x.data(), 12), 0);
+  EXPECT_EQ(f.view("w.bf16").shape(), (Shape{2, 1, 3}));
+  EXPECT_EQ(std::memcmp(f.view("w.bf16").raw(), bf.data(), 12), 0);
+
+  expect_error(
+      [&] {
+        write_gguf(dir.file("d.gguf"), {},
+                   {{"t", DType::kF32, {1}, x.data()}, {"t", DType::kF32, {1}, x.data()}});
+      },
+      {"\"t\"", "twice"});
+  EXPECT_FALSE(path_exists(dir.file("d.gguf")));
+}
+
+// ---- bad input: crafted headers ----
+
+// A GGUF file under construction: fields appended in order, little-endian.
+class Bytes {
+ public:
+  Bytes& u32(uint32_t v) { return raw(&v, 4); }
+  Bytes& u64(uint64_t v) { return raw(&v, 8); }
+  Bytes& u8(uint8_t v) { return raw(&v, 1); }
+  Bytes& str(const std::string& s) {
+    u64(s.size());
+    b_ += s;
+    return *this;
+  }
+  Bytes& header(uint64_t tensors, uint64_t kvs, uint32_t version = 3) {
+    return u32(0x46554747).u32(version).u64(tensors).u64(kvs);
+  }
+  Bytes& tensor(const std::string& name, std::vector<uint64_t> ne, uint32_t type, uint64_t off) {
+    str(name).u32(static_cast<uint32_t>(ne.size()));
+    for (uint64_t d : ne) u64(d);
+    return u32(type).u64(off);
+  }
+  // Pads to 32 and appends `data` zero bytes.
+  Bytes& data(size_t n) {
+    b_.append((32 - b_.size() % 32) % 32, '\0');
+    b_.append(n, '\0');
+    return *this;
+  }
+  const std::string& s() const { return b_; }
+
+ private:
+  Bytes& raw(const void* p, size_t n) {
+    b_.append(static_cast<const char*>(p), n);
+    return *this;
+  }
+  std::string b_;
+};
+
+GgufHeader parse(const std::string& b) {
+  return parse_gguf_header("bad.gguf", b.data(), static_cast<int64_t>(b.size()),
+                           static_cast<int64_t>(b.size()));
+}
+
+TEST(GgufBadInput, EveryTruncationIsAnError) {
+  const std::string good = test::read_file(kTypesFile);
+  const GgufHeader h = parse(good);
+  // Every cut inside the header and the tensor data.
+  for (size_t n = 0; n < good.size(); n += (n < static_cast<size_t>(h.data_start) ? 1 : 97)) {
+    const std::string cut = good.substr(0, n);
+    EXPECT_THROW(parse(cut), Error) << n << " bytes";
+  }
+  expect_error([&] { parse(good.substr(0, 20)); }, {"bad.gguf", "truncated"});
+}
+
+TEST(GgufBadInput, MagicVersionAndEndianness) {
+  expect_error([&] { parse("GGML0000000000000000000000"); }, {"not a GGUF file"});
+  expect_error([&] { parse(Bytes().header(0, 0, 1).s()); }, {"version 1", "2 and 3"});
+  expect_error([&] { parse(Bytes().header(0, 0, 0x03000000).s()); }, {"big-endian"});
+  EXPECT_NO_THROW(parse(Bytes().header(0, 0, 2).s()));
+}
+
+TEST(GgufBadInput, TensorInfos) {
+  // Unknown type: named, with the supported ones listed.
+  expect_error([&] { parse(Bytes().header(1, 0).tensor("w", {256}, 16, 0).data(256).s()); },
+               {"\"w\"", "IQ2_XXS", "supported", "Q4_K", "Q6_K"});
+  expect_error([&] { parse(Bytes().header(1, 0).tensor("w", {32}, 77, 0).data(256).s()); },
+               {"type 77"});
+  // A row that is not whole blocks.
+  expect_error(
+      [&] {
+        parse(Bytes().header(1, 0).tensor("w", {100, 2}, 12, 0).data(4096).s());
+      },
+      {"\"w\"", "Q4_K", "100", "256"});
+  // Dimensions whose product overflows.
+  expect_error(
+      [&] {
+        parse(Bytes().header(1, 0).tensor("w", {1ull << 40, 1ull << 40}, 0, 0).data(64).s());
+      },
+      {"overflows"});
+  expect_error([&] { parse(Bytes().header(1, 0).tensor("w", {1ull << 63}, 0, 0).data(64).s()); },
+               {"dimension"});
+  expect_error([&] { parse(Bytes().header(1, 0).tensor("w", {0}, 0, 0).data(64).s()); },
+               {"dimension 0 of size 0"});
+  expect_error(
+      [&] {
+        parse(Bytes().header(1, 0).tensor("w", {1, 1, 1, 1, 1}, 0, 0).data(64).s());
+      },
+      {"5 dimensions"});
+  // Misaligned offset, past the end, overlapping, duplicate names.
+  expect_error([&] { parse(Bytes().header(1, 0).tensor("w", {4}, 0, 8).data(64).s()); },
+               {"offset 8", "alignment 32"});
+  expect_error([&] { parse(Bytes().header(1, 0).tensor("w", {64}, 0, 0).data(100).s()); },
+               {"\"w\"", "past the end"});
+  expect_error(
+      [&] {
+        parse(Bytes().header(2, 0).tensor("a", {16}, 0, 0).tensor("b", {8}, 0, 32).data(128).s());
+      },
+      {"\"a\"", "\"b\"", "overlap"});
+  expect_error(
+      [&] {
+        parse(Bytes().header(2, 0).tensor("a", {4}, 0, 0).tensor("a", {4}, 0, 32).data(128).s());
+      },
+      {"\"a\"", "twice"});
+  expect_error([&] { parse(Bytes().header(1, 0).tensor("", {4}, 0, 0).data(64).s()); },
+               {"empty name"});
+  // An absurd tensor count is refused before anything is reserved.
+  expect_error([&] { parse(Bytes().header(1ull << 40, 0).data(64).s()); }, {"tensors", "limit"});
+  expect_error([&] { parse(Bytes().header(100000, 0).data(64).s()); }, {"truncated", "100000"});
+  // A good one for contrast.
+  const GgufHeader h =
+      parse(Bytes().header(2, 0).tensor("a", {8, 3}, 0, 0).tensor("b", {32}, 8, 96).data(200).s());
+  EXPECT_EQ(h.tensors[0].shape, (Shape{3, 8}));
+  EXPECT_EQ(h.tensors[1].dtype, DType::kQ8_0);
+  EXPECT_EQ(h.tensors[1].end, 96 + 34);
+}
+
+TEST(GgufBadInput, Metadata) {
+  // Huge string and array lengths are refused by the limits, before allocating.
+  expect_error([&] { parse(Bytes().header(0, 1).u64(1ull << 40).data(64).s()); },
+               {"metadata key 0", "limit"});
+  expect_error([&] { parse(Bytes().header(0, 1).str("k").u32(8).u64(1ull << 62).s()); },
+               {"\"k\"", "string of", "limit"});
+  expect_error([&] { parse(Bytes().header(0, 1).str("k").u32(9).u32(4).u64(1ull << 40).s()); },
+               {"\"k\"", "array of", "limit"});
+  expect_error([&] { parse(Bytes().header(0, 1).str("k").u32(9).u32(4).u64(1000).u32(1).s()); },
+               {"\"k\"", "bytes left"});
+  expect_error([&] { parse(Bytes().header(0, 1).str("k").u32(9).u32(9).u64(1).s()); },
+               {"array of arrays"});
+  expect_error([&] { parse(Bytes().header(0, 1).str("k").u32(13).s()); },
+               {"\"k\"", "unknown GGUF value type 13"});
+  expect_error([&] { parse(Bytes().header(0, 1).str("k").u32(7).u8(2).s()); }, {"bool", "2"});
+  expect_error([&] { parse(Bytes().header(0, 2).str("k").u32(0).u8(1).str("k").u32(0).u8(1).s()); },
+               {"\"k\"", "twice"});
+  expect_error([&] { parse(Bytes().header(0, 1ull << 40).s()); }, {"metadata keys", "limit"});
+  // general.alignment: a power-of-two UINT32.
+  expect_error([&] { parse(Bytes().header(0, 1).str("general.alignment").u32(4).u32(48).s()); },
+               {"general.alignment", "power of two"});
+  expect_error([&] { parse(Bytes().header(0, 1).str("general.alignment").u32(5).u32(32).s()); },
+               {"general.alignment", "UINT32"});
+}
+
+// ---- checkpoints ----
+
+// The golden FLUX.2 diffusers folder rewritten as one GGUF file: 2-D weights whose rows are whole
+// Q8_0 blocks quantized, the rest F32. It scans as a single file, its family is found from the
+// tensor names, the reader hands out the quantized views, and inspect reports it.
+TEST(GgufCheckpoint, ScanReadAndInspectAQuantizedFlux2File) {
+  const std::string src = std::string(FLOWKV_GOLDEN_DIR) + "/flux2/multi_guidance/transformer";
+  const CheckpointScan folder = scan_checkpoint(src);
+  CheckpointReader reader(folder);
+  std::vector<Tensor> keep;
+  std::vector<std::vector<uint8_t>> quantized;
+  std::vector<TensorToWrite> list;
+  int n_quantized = 0;
+  for (const auto& [name, info] : folder.tensors) {
+    const Tensor t = reader.get(name).to_f32();
+    keep.push_back(t);
+    if (t.shape().size() == 2 && t.shape()[1] % 32 == 0) {
+      const int64_t rows = t.shape()[0], cols = t.shape()[1];
+      quantized.emplace_back(static_cast<size_t>(dtype_bytes(DType::kQ8_0, t.numel())));
+      for (int64_t r = 0; r < rows; ++r) {
+        quant::quantize_row(DType::kQ8_0, t.f32() + r * cols,
+                            quantized.back().data() + r * dtype_bytes(DType::kQ8_0, cols), cols);
+      }
+      list.push_back({name, DType::kQ8_0, t.shape(), quantized.back().data()});
+      ++n_quantized;
+    } else {
+      list.push_back({name, DType::kF32, t.shape(), t.raw()});
+    }
+  }
+  ASSERT_GT(n_quantized, 0);
+  test::TempDir dir;
+  const std::string file = dir.file("flux2.gguf");
+  write_gguf(file, {{"general.architecture", GgufValue::string("flux2")}}, list);
+
+  const CheckpointScan scan = scan_checkpoint(file);
+  EXPECT_TRUE(scan.single_file);
+  ASSERT_TRUE(scan.gguf);
+  EXPECT_FALSE(scan.config);
+  EXPECT_EQ(scan.tensors.size(), folder.tensors.size());
+  CheckpointReader gguf_reader(scan);
+  for (const TensorToWrite& t : list) {
+    const Tensor v = gguf_reader.get(t.name);
+    EXPECT_EQ(v.dtype(), t.dtype) << t.name;
+    EXPECT_EQ(v.shape(), t.shape) << t.name;
+    EXPECT_EQ(std::memcmp(v.raw(), t.data, static_cast<size_t>(v.nbytes())), 0) << t.name;
+  }
+
+  InspectReport r = inspect(file, {.check_values = true});
+  EXPECT_TRUE(r.ok()) << format_report(r);
+  EXPECT_EQ(r.family, "FLUX.2");
+  EXPECT_EQ(r.layout, "single .gguf file (GGUF v3)");
+  EXPECT_EQ(r.tensors_by_dtype.at("Q8_0"), n_quantized);
+  ASSERT_EQ(r.metadata.size(), 1u);
+  EXPECT_EQ(r.metadata[0], "general.architecture = \"flux2\"");
+  const std::string text = format_report(r);
+  EXPECT_NE(text.find("Q8_0 " + std::to_string(n_quantized)), std::string::npos) << text;
+
+  // A quantized type on a tensor that is not a 2-D weight is named by the table check.
+  std::map<std::string, TensorInfo> infos = scan.tensors;
+  TensorInfo& one = infos.begin()->second;
+  one.dtype = DType::kQ4_K;
+  one.dtype_name = "Q4_K";
+  const std::vector<std::string> problems =
+      check_against_table(infos, {{infos.begin()->first, {1, 2, 256}}});
+  bool named = false;
+  for (const std::string& p : problems) named |= p.find("Q4_K") != std::string::npos;
+  EXPECT_TRUE(named);
+
+  // A broken GGUF file is a problem line for inspect, an Error for a strict scan.
+  const std::string bad = dir.file("bad.gguf");
+  test::write_file(bad, "GGUF\x03\0\0\0");
+  expect_error([&] { scan_checkpoint(bad); }, {"bad.gguf", "truncated"});
+  EXPECT_FALSE(inspect(bad).ok());
+}
+
+// A quantized weight whose block scale is infinite is refused where weights enter (the reader)
+// and found by inspect --check-values, with the element named.
+TEST(GgufCheckpoint, NonFiniteQuantizedWeightIsRefused) {
+  test::TempDir dir;
+  const std::string file = dir.file("nan.gguf");
+  std::vector<uint8_t> q(static_cast<size_t>(dtype_bytes(DType::kQ8_0, 2 * 64)), 0);
+  q[3 * 34 + 1] = 0x7c;  // row 1, block 1: scale +Inf, so element 1 * 64 + 32 is Inf x 0 = NaN
+  write_gguf(file, {}, {{"w", DType::kQ8_0, {2, 64}, q.data()}});
+  const CheckpointScan scan = scan_checkpoint(file);
+  CheckpointReader reader(scan);
+  expect_error([&] { reader.get("w"); }, {"'w'", "NaN or infinity at element 96"});
+  const InspectReport r = inspect(file, {.check_values = true});
+  bool found = false;
+  for (const std::string& p : r.problems) found |= p.find("w holds NaN") != std::string::npos;
+  EXPECT_TRUE(found) << format_report(r);
+}
+
+// An unsupported ggml type is a problem line of inspect naming it, and an Error when loading.
+TEST(GgufCheckpoint, UnsupportedTypeIsNamed) {
+  test::TempDir dir;
+  const std::string file = dir.file("iq.gguf");
+  test::write_file(file, Bytes().header(1, 0).tensor("w", {256, 4}, 16, 0).data(1024).s());
+  expect_error([&] { scan_checkpoint(file); }, {"iq.gguf", "\"w\"", "IQ2_XXS", "Q8_0"});
+  const InspectReport r = inspect(file);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.problems[0].find("IQ2_XXS"), std::string::npos) << format_report(r);
+}
+
+}  // namespace
+}  // namespace flowkv
