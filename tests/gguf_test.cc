@@ -12,6 +12,8 @@
 
 #include "flowkv/error.h"
 #include "flowkv/inspect.h"
+#include "flowkv/io.h"
+#include "flowkv/model.h"
 #include "hwy/targets.h"
 #include "io/checkpoint.h"
 #include "io/gguf.h"
@@ -514,6 +516,58 @@ TEST(GgufCheckpoint, UnsupportedTypeIsNamed) {
   const InspectReport r = inspect(file);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.problems[0].find("IQ2_XXS"), std::string::npos) << format_report(r);
+}
+
+}  // namespace
+}  // namespace flowkv
+
+namespace flowkv {
+namespace {
+
+double nmse_of(const Tensor& a, const Tensor& ref) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < ref.numel(); ++i) {
+    const double d = double(a.f32()[i]) - ref.f32()[i];
+    num += d * d;
+    den += double(ref.f32()[i]) * ref.f32()[i];
+  }
+  return num / den;
+}
+
+// Every family's tiny built-in, exported, quantized by quantize_checkpoint, loaded back from the
+// GGUF file (config from its metadata, weights kept as stored) and run: the output follows the
+// f32 model's within what the type's rounding allows, and loading the same file twice gives the
+// same bits.
+TEST(GgufModels, QuantizedCheckpointsLoadAndRunEveryFamily) {
+  for (const std::string name : {"tiny", "qwen21-tiny"}) {
+    test::TempDir dir;
+    const std::string src = dir.path().string() + "/model";
+    export_builtin(name, 3, "f32", src);
+    const Model ref_model = Model::load(src);
+    const DenoiseInputs in =
+        example_inputs(ref_model, {.text_tokens = 8, .height = 4, .width = 4, .seed = 5});
+    const Tensor ref = forward(ref_model, in);
+    struct Case {
+      DType type;
+      double max_nmse;  // the type's relative rounding error, squared, with margin
+    };
+    for (Case c : {Case{DType::kBF16, 1e-4}, Case{DType::kF16, 1e-5}, Case{DType::kQ8_0, 1e-3},
+                   Case{DType::kQ4_0, 3e-2}, Case{DType::kQ5_1, 1e-2}}) {
+      const std::string file =
+          dir.path().string() + "/model_" + std::string(dtype_name(c.type)) + ".gguf";
+      const QuantizeReport rep = quantize_checkpoint(src, file, c.type);
+      EXPECT_GT(rep.quantized, 0) << name << " " << dtype_name(c.type);
+      const Model m = Model::load(file);
+      EXPECT_EQ(m.family().name, ref_model.family().name);
+      EXPECT_EQ(m.config_json(), ref_model.config_json());
+      const Tensor out = forward(m, in);
+      const double e = nmse_of(out, ref);
+      EXPECT_LT(e, c.max_nmse) << name << " " << dtype_name(c.type);
+      EXPECT_GT(e, 0.0) << name << " " << dtype_name(c.type) << ": the weights were not narrowed";
+      const Tensor again = forward(Model::load(file), in);
+      EXPECT_TRUE(test::bit_equal(out.f32(), again.f32(), out.numel()));
+    }
+  }
 }
 
 }  // namespace

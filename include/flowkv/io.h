@@ -1,8 +1,12 @@
 // Writing files safely.
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
+
+#include "flowkv/dtype.h"
 
 namespace flowkv {
 
@@ -12,5 +16,26 @@ namespace flowkv {
 // permission, `path` is a folder) the temporary file is removed, an existing file at `path` is
 // left intact, and a flowkv::Error names `path` and the reason.
 void write_file_atomic(const std::string& path, std::string_view bytes);
+
+// What quantize_checkpoint wrote.
+struct QuantizeReport {
+  int64_t tensors = 0;
+  int64_t quantized = 0;  // tensors written as the requested type
+  int64_t fallback = 0;   // 2-D tensors whose rows are not whole blocks of it (Q8_0 or F16)
+  int64_t bytes_in = 0;   // tensor bytes read
+  int64_t bytes_out = 0;  // tensor bytes written
+};
+
+// Writes a GGUF file from a checkpoint (a diffusers transformer or pipeline folder, a
+// .safetensors file, or a .gguf file). Naming convention: every tensor keeps its name in the
+// source (diffusers names for diffusers folders, BFL names for BFL single files), so the file
+// loads through the same name tables. 2-D weights become `type` (F16, BF16 or a GGUF quantized
+// type), ggml's reference quantizers; a matrix whose rows are not whole blocks of `type` falls
+// back to Q8_0, then F16. Everything else (norm scales, biases) is F32. The source's
+// config.json, when it has one, travels as the metadata string "flowkv.config", with
+// general.architecture = the detected family. Written atomically; progress(done, total) is
+// called after each tensor.
+QuantizeReport quantize_checkpoint(const std::string& in, const std::string& out, DType type,
+                                   const std::function<void(int64_t, int64_t)>& progress = {});
 
 }  // namespace flowkv

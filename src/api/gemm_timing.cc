@@ -10,6 +10,7 @@
 #include "flowkv/limits.h"
 #include "flowkv/runtime.h"
 #include "ops/linear.h"
+#include "quant/quant.h"
 
 namespace flowkv {
 
@@ -19,9 +20,10 @@ namespace {
 Tensor stored_as(const Tensor& w, DType t) {
   if (t == DType::kF32) return w;
   Tensor out = Tensor::empty(w.shape(), t);
-  const int64_t n = w.numel();
-  for (int64_t i = 0; i < n; ++i) {
-    out.u16()[i] = t == DType::kBF16 ? f32_to_bf16(w.f32()[i]) : f32_to_f16(w.f32()[i]);
+  const int64_t rows = w.dim(0), cols = w.dim(1), row_bytes = dtype_bytes(t, cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    quant::quantize_row(t, w.f32() + r * cols, static_cast<std::byte*>(out.raw()) + r * row_bytes,
+                        cols);
   }
   return out;
 }

@@ -103,6 +103,10 @@ void add_gguf_file(CheckpointScan& scan, const std::string& file, bool lenient) 
   try {
     auto h = std::make_shared<GgufHeader>(read_gguf_header(file));
     for (const TensorInfo& t : h->tensors) scan.tensors.emplace(t.name, t);  // names are unique
+    // A file flowkv wrote carries its source's config.json (quantize_checkpoint).
+    if (const GgufValue* c = h->find("flowkv.config"); c && c->type == GgufType::kString) {
+      scan.config = parse_json(c->s, file + ": metadata flowkv.config");
+    }
     scan.gguf = std::move(h);
   } catch (const Error& e) {
     if (!lenient) throw;
@@ -304,12 +308,14 @@ CheckpointReader::CheckpointReader(const CheckpointScan& scan) {
 
 CheckpointReader::~CheckpointReader() {
   for (const SafetensorsFile& f : files_) f.release_all();
+  if (gguf_) gguf_->release_all();
 }
 
 Tensor CheckpointReader::get(const std::string& name) const {
   auto it = index_.find(name);
   FLOWKV_CHECK(it != index_.end(), "checkpoint has no tensor '", name, "'");
-  if (last_) files_[last_->first].release(last_->second);
+  if (last_ && gguf_) gguf_->release(last_->second);
+  if (last_ && !gguf_) files_[last_->first].release(last_->second);
   last_ = &it->second;
   const TensorInfo& info = it->second.second;
   Tensor t = gguf_ ? gguf_->view(info) : files_[it->second.first].view(info);

@@ -536,6 +536,14 @@ GgufFile GgufFile::open(const std::string& path) {
   return f;
 }
 
+void GgufFile::release(const TensorInfo& info) const {
+  map_->release(header_.data_start + info.begin, info.end - info.begin);
+}
+
+void GgufFile::release_all() const {
+  map_->release(0, map_->size());
+}
+
 Tensor GgufFile::view(const TensorInfo& info) const {
   FLOWKV_CHECK(info.dtype_known && info.begin >= 0 && info.end >= info.begin &&
                    header_.data_start + info.end <= map_->size(),

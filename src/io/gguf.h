@@ -100,6 +100,10 @@ class GgufFile {
   Tensor view(const TensorInfo& info) const;
   // The tensor of that name; fails naming it when there is none.
   Tensor view(std::string_view name) const;
+  // Drops the resident mapped pages of a tensor, or of the whole file (MappedFile::release);
+  // views stay valid.
+  void release(const TensorInfo& info) const;
+  void release_all() const;
 
  private:
   GgufHeader header_;

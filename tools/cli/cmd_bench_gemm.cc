@@ -1,6 +1,5 @@
 // bench-gemm: one linear layer at real model shapes with each weight type and compute, in
 // GFLOP/s, as a fraction of the f32 FMA peak and against f32 weights, all measured in one run.
-#include <cctype>
 #include <cstdio>
 #include <sstream>
 #include <vector>
@@ -21,17 +20,6 @@ std::vector<std::string> split_list(const std::string& s) {
     if (!item.empty()) out.push_back(item);
   }
   return out;
-}
-
-DType parse_weight_type(const std::string& s) {
-  for (DType t : {DType::kF32, DType::kBF16, DType::kF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_1,
-                  DType::kQ5_0, DType::kQ5_1, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
-    std::string name(dtype_name(t));
-    for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    if (name == s) return t;
-  }
-  fail("--weights: unknown type '", s, "' (f32, bf16, f16, q8_0, q4_0, q4_1, q5_0, q5_1, ",
-       "q4_k, q5_k, q6_k)");
 }
 
 struct Shape3 {
@@ -76,7 +64,8 @@ void add_bench_gemm(CLI::App& app) {
       std::vector<Shape3> shapes;
       for (const auto& s : split_list(o->shapes)) shapes.push_back(parse_shape(s));
       std::vector<DType> types;
-      for (const auto& s : split_list(o->weights)) types.push_back(parse_weight_type(s));
+      for (const auto& s : split_list(o->weights))
+        types.push_back(parse_weight_type(s, "--weights"));
       const std::vector<std::string> computes = split_list(o->compute);
       const double peak = measure_peak_gflops(threads());
       std::printf("machine: %d threads, %s kernels, f32 FMA peak %.1f GFLOP/s (measured now)\n",

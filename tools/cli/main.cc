@@ -30,6 +30,7 @@ int main(int argc, char** argv) {
   flowkv::cli::add_inspect(app);
   flowkv::cli::add_forward(app);
   flowkv::cli::add_export(app);
+  flowkv::cli::add_quantize(app);
   flowkv::cli::add_bench_forward(app);
   flowkv::cli::add_bench_gemm(app);
   flowkv::cli::add_predict(app);

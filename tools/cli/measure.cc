@@ -1,4 +1,5 @@
 #include "measure.h"
+#include <cctype>
 
 #include <unistd.h>
 
@@ -119,6 +120,17 @@ std::pair<int64_t, int64_t> parse_dims(const std::string& s, const char* what, c
 std::pair<int64_t, int64_t> parse_grid(const std::string& s, const char* what) {
   return parse_dims(s, what, "16x16 (latent tokens, height x width)", limits::kMaxTokens,
                     limits::kMaxTokens);
+}
+
+DType parse_weight_type(const std::string& s, const char* what) {
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_1,
+                  DType::kQ5_0, DType::kQ5_1, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+    std::string name(dtype_name(t));
+    for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (name == s) return t;
+  }
+  fail(what, ": unknown type '", s, "' (f32, bf16, f16, q8_0, q4_0, q4_1, q5_0, q5_1, ",
+       "q4_k, q5_k, q6_k)");
 }
 
 }  // namespace flowkv::cli

@@ -14,6 +14,7 @@
 #include "ops/gemm.h"
 #include "ops/linear.h"
 #include "ops/ops.h"
+#include "quant/quant.h"
 
 namespace flowkv::ops {
 
@@ -107,24 +108,6 @@ constexpr int64_t kPackRows = 256;  // the M the weight layout is chosen for
 
 std::atomic<bool> g_compact{true};
 
-// One row of narrow weights to f32 (exact: every bf16 and f16 value is an f32 value).
-void widen_row(DType t, const void* src, float* dst, int64_t k) {
-  const auto* h = static_cast<const uint16_t*>(src);
-  switch (t) {
-    case DType::kBF16:
-      for (int64_t i = 0; i < k; ++i) {
-        const uint32_t u = uint32_t{h[i]} << 16;
-        std::memcpy(dst + i, &u, 4);
-      }
-      return;
-    case DType::kF16:
-      for (int64_t i = 0; i < k; ++i) dst[i] = f16_to_f32(h[i]);
-      return;
-    default:
-      fail("linear: weights of type ", dtype_name(t), " cannot be widened");
-  }
-}
-
 }  // namespace
 
 struct Linear::Packed {  // one column chunk of the weights, in the layout oneDNN chose
@@ -152,7 +135,7 @@ struct Linear::Compact {
       const Part& part = parts[p];
       const auto* row = static_cast<const std::byte*>(part.w.raw()) +
                         (part.r0 + j - part.out0) * row_bytes + skip;
-      widen_row(dtype, row, out + (j - j0) * kc, kc);
+      quant::dequantize_row(dtype, row, out + (j - j0) * kc, kc);
     }
   }
   RowSource source() const {

@@ -1,0 +1,75 @@
+// quantize_checkpoint: any checkpoint flowkv reads, written as a GGUF file.
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "families/family.h"
+#include "flowkv/error.h"
+#include "flowkv/io.h"
+#include "io/checkpoint.h"
+#include "io/gguf.h"
+#include "quant/quant.h"
+
+namespace flowkv {
+
+namespace {
+
+// The type a tensor is written as: `type` for matrices whose rows are whole blocks of it,
+// else Q8_0, else F16; F32 for everything that is not a matrix.
+DType target_type(const TensorInfo& t, DType type) {
+  if (t.shape.size() != 2) return DType::kF32;
+  for (DType c : {type, DType::kQ8_0, DType::kF16}) {
+    if (t.shape[1] % dtype_block(c) == 0) return c;
+  }
+  return DType::kF16;
+}
+
+// The tensor's values in type `to`, row by row, into owned bytes.
+std::vector<std::byte> convert(const Tensor& t, DType to) {
+  const Tensor f = t.to_f32();
+  const int64_t cols = t.ndim() == 0 ? 1 : t.shape().back();
+  const int64_t rows = cols == 0 ? 0 : t.numel() / cols;
+  std::vector<std::byte> out(static_cast<size_t>(dtype_bytes(to, t.numel())));
+  const int64_t row_bytes = dtype_bytes(to, cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    quant::quantize_row(to, f.f32() + r * cols, out.data() + r * row_bytes, cols);
+  }
+  return out;
+}
+
+}  // namespace
+
+QuantizeReport quantize_checkpoint(const std::string& in, const std::string& out, DType type,
+                                   const std::function<void(int64_t, int64_t)>& progress) {
+  FLOWKV_CHECK(type != DType::kF32, "quantize: the type must be narrower than F32 (f16, bf16, ",
+               "q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k)");
+  const CheckpointScan scan = scan_checkpoint(in);
+  FLOWKV_CHECK(!scan.tensors.empty(), in, ": no tensors to quantize");
+  GgufMetadata meta;
+  if (const families::Family* fam = families::for_scan(scan)) {
+    meta.emplace_back("general.architecture", GgufValue::string(fam->info.name));
+  }
+  meta.emplace_back("general.quantization_version", GgufValue::u32(2));
+  meta.emplace_back("flowkv.weight_type", GgufValue::string(std::string(dtype_name(type))));
+  if (scan.config) meta.emplace_back("flowkv.config", GgufValue::string(scan.config->dump()));
+  const CheckpointReader reader(scan);
+  QuantizeReport rep;
+  std::vector<std::vector<std::byte>> data;
+  std::vector<TensorToWrite> tensors;
+  data.reserve(scan.tensors.size());
+  for (const auto& [name, info] : scan.tensors) {
+    const DType to = target_type(info, type);
+    data.push_back(convert(reader.get(name), to));
+    tensors.push_back({name, to, info.shape, data.back().data()});
+    rep.tensors += 1;
+    rep.quantized += to == type ? 1 : 0;
+    rep.fallback += info.shape.size() == 2 && to != type ? 1 : 0;
+    rep.bytes_in += info.end - info.begin;
+    rep.bytes_out += static_cast<int64_t>(data.back().size());
+    if (progress) progress(rep.tensors, static_cast<int64_t>(scan.tensors.size()));
+  }
+  write_gguf(out, meta, tensors);
+  return rep;
+}
+
+}  // namespace flowkv
