@@ -1,0 +1,147 @@
+// AVX2 int8 kernels (this file is compiled with -mavx2 -ffp-contract=off; it runs only after
+// the driver has checked the CPU). Products use vpmaddubsw, which multiplies unsigned by signed
+// bytes and adds pairs with signed 16-bit saturation; as in ggml, the unsigned operand is |q|
+// and the signed one is w carrying the sign of q (vpsignb), both within 127 in magnitude, so a
+// pair sum is at most 2 * 127 * 127 = 32,258 and never saturates. vpmaddwd by ones then widens
+// to exact int32 sums of 4 products.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "ops/cpu/int8_kernels.h"
+
+namespace flowkv::ops::int8 {
+
+namespace {
+
+inline int32_t load32(const void* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// rows kRowsAvx2 x one panel (16 outputs, two vectors), over one K block.
+template <int MR>
+inline void tile(const Act& a, const Int8Weights& w, int64_t m, int64_t b, const int8_t* wp,
+                 const float* sw, float* c, int64_t ldc) {
+  const int64_t quads = w.block_stride / 4;
+  const __m256i ones = _mm256_set1_epi16(1);
+  const uint8_t* ur[MR];
+  const int8_t* sr[MR];
+  for (int i = 0; i < MR; ++i) {
+    ur[i] = a.u + (m + i) * a.row_stride + b * w.block_stride;
+    sr[i] = a.s + (m + i) * a.row_stride + b * w.block_stride;
+  }
+  __m256i acc[MR][2];
+  for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_si256();
+  for (int64_t q = 0; q < quads; ++q) {
+    const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + 64 * q));
+    const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + 64 * q + 32));
+    for (int i = 0; i < MR; ++i) {
+      const __m256i uq = _mm256_set1_epi32(load32(ur[i] + 4 * q));
+      const __m256i sq = _mm256_set1_epi32(load32(sr[i] + 4 * q));
+      const __m256i p0 = _mm256_maddubs_epi16(uq, _mm256_sign_epi8(w0, sq));
+      const __m256i p1 = _mm256_maddubs_epi16(uq, _mm256_sign_epi8(w1, sq));
+      acc[i][0] = _mm256_add_epi32(acc[i][0], _mm256_madd_epi16(p0, ones));
+      acc[i][1] = _mm256_add_epi32(acc[i][1], _mm256_madd_epi16(p1, ones));
+    }
+  }
+  // c = c + (sx * sw) * float(dot), c starting from 0.0f at block 0 (as the reference).
+  const __m256 sw0 = _mm256_loadu_ps(sw), sw1 = _mm256_loadu_ps(sw + 8);
+  for (int i = 0; i < MR; ++i) {
+    const __m256 sx = _mm256_set1_ps(a.scale[(m + i) * w.blocks + b]);
+    float* ci = c + i * ldc;
+    const __m256 c0 = b == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(ci);
+    const __m256 c1 = b == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(ci + 8);
+    const __m256 t0 = _mm256_mul_ps(sx, sw0), t1 = _mm256_mul_ps(sx, sw1);
+    _mm256_storeu_ps(ci, _mm256_add_ps(c0, _mm256_mul_ps(t0, _mm256_cvtepi32_ps(acc[i][0]))));
+    _mm256_storeu_ps(ci + 8, _mm256_add_ps(c1, _mm256_mul_ps(t1, _mm256_cvtepi32_ps(acc[i][1]))));
+  }
+}
+
+// Quantizes one block (as quantize_block_int8) into s and u; returns the scale.
+float quantize_block(const float* x, int64_t len, bool offset, int8_t* s, uint8_t* u) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  __m256 vmax = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= len; i += 8) {
+    vmax = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x + i), abs_mask), vmax);
+  }
+  float lanes[8];
+  _mm256_storeu_ps(lanes, vmax);
+  float amax = 0.0f;
+  for (float l : lanes) amax = l > amax ? l : amax;
+  for (; i < len; ++i) {
+    const float a = std::fabs(x[i]);
+    amax = a > amax ? a : amax;
+  }
+  const float scale = amax / 127.0f;
+  if (!(scale > 0.0f)) {
+    std::memset(s, 0, len);
+    std::memset(u, offset ? 0x80 : 0, len);
+    return 0.0f;
+  }
+  const __m256 vs = _mm256_set1_ps(scale);
+  const __m256 lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+  auto q8 = [&](const float* p) {
+    __m256 v = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(p), vs),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    v = _mm256_min_ps(_mm256_max_ps(v, lo), hi);
+    return _mm256_cvtps_epi32(v);
+  };
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  i = 0;
+  for (; i + 32 <= len; i += 32) {
+    const __m256i ab = _mm256_packs_epi32(q8(x + i), q8(x + i + 8));
+    const __m256i cd = _mm256_packs_epi32(q8(x + i + 16), q8(x + i + 24));
+    const __m256i q = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(ab, cd), order);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(s + i), q);
+    const __m256i uq = offset ? _mm256_xor_si256(q, flip) : _mm256_abs_epi8(q);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(u + i), uq);
+  }
+  for (; i < len; ++i) {
+    float v = std::nearbyint(x[i] / scale);
+    v = v > -127.0f ? v : -127.0f;
+    v = v < 127.0f ? v : 127.0f;
+    s[i] = static_cast<int8_t>(v);
+    u[i] = static_cast<uint8_t>(offset ? s[i] + 128 : std::abs(s[i]));
+  }
+  return scale;
+}
+
+}  // namespace
+
+void gemm_avx2(const Act& a, const Int8Weights& w, int64_t m0, int64_t rows, int64_t p0, int64_t p1,
+               float* c, int64_t ldc) {
+  constexpr int64_t kP = Int8Weights::kPanel;
+  for (int64_t b = 0; b < w.blocks; ++b) {
+    for (int64_t p = p0; p < p1; ++p) {
+      const int8_t* wp = w.values->data() + (p * w.blocks + b) * w.block_stride * kP;
+      const float* sw = w.scales->data() + (p * w.blocks + b) * kP;
+      for (int64_t r = 0; r < rows; r += kRowsAvx2) {
+        tile<kRowsAvx2>(a, w, m0 + r, b, wp, sw, c + r * ldc + (p - p0) * kP, ldc);
+      }
+    }
+  }
+}
+
+void quantize_avx2(const float* x, int64_t x_stride, int64_t rows, const Int8Weights& w,
+                   bool offset, int8_t* s, uint8_t* u, float* scale) {
+  const int64_t rs = w.blocks * w.block_stride;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t b = 0; b < w.blocks; ++b) {
+      const int64_t len = std::min(w.block, w.k - b * w.block);
+      int8_t* sb = s + r * rs + b * w.block_stride;
+      uint8_t* ub = u + r * rs + b * w.block_stride;
+      scale[r * w.blocks + b] = quantize_block(x + r * x_stride + b * w.block, len, offset, sb, ub);
+      std::memset(sb + len, 0, w.block_stride - len);
+      std::memset(ub + len, offset ? 0x80 : 0, w.block_stride - len);
+    }
+  }
+}
+
+}  // namespace flowkv::ops::int8
