@@ -4,17 +4,25 @@
 
 #include <cstdint>
 
+#include "core/mat.h"
 #include "ops/int8_linear.h"
 
 namespace flowkv::ops::int8 {
 
-// Activations of one call, quantized: rows padded with zero rows (scale 0) to a multiple of the
-// kernel's row tile, each row `blocks` blocks of `block_stride` values (zero padded).
+// Activations of one call, quantized and packed for one kernel: rows in tiles of `mr` (the
+// kernel's row tile; rows past the input are zero with scale 0), each tile block by block, each
+// block quad by quad (4 consecutive K values), each quad holding the tile's rows one after the
+// other, `quad_bytes` per row: |q| then q (AVX2, 8 bytes) or q + 128 (VNNI, 4 bytes). A micro-
+// kernel then reads one stream, in order.
 struct Act {
-  const int8_t* s = nullptr;     // [rows][row_stride] the values q
-  const uint8_t* u = nullptr;    // [rows][row_stride] |q| (AVX2) or q + 128 (VNNI)
-  const float* scale = nullptr;  // [rows][blocks]
-  int64_t row_stride = 0;        // blocks * block_stride
+  uint8_t* data = nullptr;  // [rows / mr][blocks][quads][mr][quad_bytes]
+  float* scale = nullptr;   // [rows][blocks]
+  int64_t mr = 0, quad_bytes = 0, quads = 0, blocks = 0;
+
+  // Start of block b of the tile holding row m (a multiple of mr).
+  uint8_t* at(int64_t m, int64_t b) const {
+    return data + ((m / mr) * blocks + b) * quads * mr * quad_bytes;
+  }
 };
 
 // Accumulates the rows [m0, m0 + rows) (rows: a multiple of the kernel's row tile) times the
@@ -23,18 +31,15 @@ struct Act {
 using GemmFn = void (*)(const Act& a, const Int8Weights& w, int64_t m0, int64_t rows, int64_t p0,
                         int64_t p1, float* c, int64_t ldc);
 
-// Quantizes rows [0, rows) of x (row i at x + i * x_stride, k values) into s/u/scale as laid out
-// in Act; `offset`: u = q + 128 instead of |q|. Bit-identical to quantize_block_int8.
-using QuantizeFn = void (*)(const float* x, int64_t x_stride, int64_t rows, const Int8Weights& w,
-                            bool offset, int8_t* s, uint8_t* u, float* scale);
+// Quantizes rows [r0, r0 + rows) of x into a (rows at or past x.rows as zeros), as
+// quantize_block_int8 does, bit for bit.
+void pack_rows_avx2(Mat x, int64_t r0, int64_t rows, const Int8Weights& w, const Act& a);
 
 inline constexpr int64_t kRowsAvx2 = 4;  // row tile of the AVX2 kernel
 inline constexpr int64_t kRowsVnni = 8;  // row tile of the AVX-512 VNNI kernel
 
 void gemm_avx2(const Act& a, const Int8Weights& w, int64_t m0, int64_t rows, int64_t p0, int64_t p1,
                float* c, int64_t ldc);
-void quantize_avx2(const float* x, int64_t x_stride, int64_t rows, const Int8Weights& w,
-                   bool offset, int8_t* s, uint8_t* u, float* scale);
 void gemm_vnni(const Act& a, const Int8Weights& w, int64_t m0, int64_t rows, int64_t p0, int64_t p1,
                float* c, int64_t ldc);
 

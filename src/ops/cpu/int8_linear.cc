@@ -75,30 +75,29 @@ void run_fast(Int8Isa isa, const ExecContext& ctx, Mat x, const Int8Weights& w, 
   const int64_t m = x.rows;
   if (m == 0) return;
   const int64_t m_pad = ceil_div(m, mr) * mr;
-  const int64_t rs = w.blocks * w.block_stride;
 
   std::optional<ArenaScope> scope;
   if (ctx.arena) scope.emplace(*ctx.arena);
   Scratch scratch(ctx.arena);
-  auto* s = static_cast<int8_t*>(scratch.get(m_pad * rs));
-  auto* u = static_cast<uint8_t*>(scratch.get(m_pad * rs));
-  auto* sx = static_cast<float*>(scratch.get(m_pad * w.blocks * 4));
+  int8::Act act;
+  act.mr = mr;
+  act.quad_bytes = vnni ? 4 : 8;
+  act.quads = w.block_stride / 4;
+  act.blocks = w.blocks;
+  act.data =
+      static_cast<uint8_t*>(scratch.get(m_pad * w.blocks * w.block_stride / 4 * act.quad_bytes));
+  act.scale = static_cast<float*>(scratch.get(m_pad * w.blocks * 4));
   const int threads = num_threads();
   const int64_t task_rows = ceil_div(kTaskRows, mr) * mr;
   const int64_t ldc = kTaskPanels * Int8Weights::kPanel;
   auto* c_all = static_cast<float*>(scratch.get(threads * task_rows * ldc * 4));
 
-  // Padded rows: q = 0 with scale 0, so they add nothing (their outputs are dropped anyway).
-  std::memset(s + m * rs, 0, (m_pad - m) * rs);
-  std::memset(u + m * rs, vnni ? 0x80 : 0, (m_pad - m) * rs);
-  std::fill(sx + m * w.blocks, sx + m_pad * w.blocks, 0.0f);
-  parallel_for_on(threads, ceil_div(m, kQuantRows), [&](int64_t t) {
-    const int64_t r0 = t * kQuantRows, rows = std::min(kQuantRows, m - r0);
-    int8::quantize_avx2(x.row(r0), x.stride, rows, w, vnni, s + r0 * rs, u + r0 * rs,
-                        sx + r0 * w.blocks);
+  // kQuantRows is a multiple of every row tile, so tasks pack whole tiles.
+  parallel_for_on(threads, ceil_div(m_pad, kQuantRows), [&](int64_t t) {
+    const int64_t r0 = t * kQuantRows;
+    int8::pack_rows_avx2(x, r0, std::min(kQuantRows, m_pad - r0), w, act);
   });
 
-  const int8::Act act{s, u, sx, rs};
   const int64_t col_tasks = ceil_div(w.panels, kTaskPanels);
   const int64_t row_tasks = ceil_div(m_pad, task_rows);
   parallel_for_on(threads, row_tasks * col_tasks, [&](int64_t t) {

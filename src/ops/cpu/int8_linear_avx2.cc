@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "ops/cpu/int8_kernels.h"
 
@@ -23,40 +24,36 @@ inline int32_t load32(const void* p) {
   return v;
 }
 
-// rows kRowsAvx2 x one panel (16 outputs, two vectors), over one K block.
+// kRowsAvx2 rows x one panel (16 outputs, two vectors) over one K block: the activations of
+// the row tile (ap) and the panel's weights (wp) are each one stream.
 template <int MR>
-inline void tile(const Act& a, const Int8Weights& w, int64_t m, int64_t b, const int8_t* wp,
-                 const float* sw, float* c, int64_t ldc) {
-  const int64_t quads = w.block_stride / 4;
+inline void tile(const uint8_t* ap, const int8_t* wp, int64_t quads, const float* sx,
+                 const float* sw, bool first, float* c, int64_t ldc) {
   const __m256i ones = _mm256_set1_epi16(1);
-  const uint8_t* ur[MR];
-  const int8_t* sr[MR];
-  for (int i = 0; i < MR; ++i) {
-    ur[i] = a.u + (m + i) * a.row_stride + b * w.block_stride;
-    sr[i] = a.s + (m + i) * a.row_stride + b * w.block_stride;
-  }
   __m256i acc[MR][2];
   for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_si256();
   for (int64_t q = 0; q < quads; ++q) {
-    const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + 64 * q));
-    const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + 64 * q + 32));
+    const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp));
+    const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + 32));
     for (int i = 0; i < MR; ++i) {
-      const __m256i uq = _mm256_set1_epi32(load32(ur[i] + 4 * q));
-      const __m256i sq = _mm256_set1_epi32(load32(sr[i] + 4 * q));
+      const __m256i uq = _mm256_set1_epi32(load32(ap + 8 * i));
+      const __m256i sq = _mm256_set1_epi32(load32(ap + 8 * i + 4));
       const __m256i p0 = _mm256_maddubs_epi16(uq, _mm256_sign_epi8(w0, sq));
-      const __m256i p1 = _mm256_maddubs_epi16(uq, _mm256_sign_epi8(w1, sq));
       acc[i][0] = _mm256_add_epi32(acc[i][0], _mm256_madd_epi16(p0, ones));
+      const __m256i p1 = _mm256_maddubs_epi16(uq, _mm256_sign_epi8(w1, sq));
       acc[i][1] = _mm256_add_epi32(acc[i][1], _mm256_madd_epi16(p1, ones));
     }
+    wp += 64;
+    ap += 8 * MR;
   }
   // c = c + (sx * sw) * float(dot), c starting from 0.0f at block 0 (as the reference).
   const __m256 sw0 = _mm256_loadu_ps(sw), sw1 = _mm256_loadu_ps(sw + 8);
   for (int i = 0; i < MR; ++i) {
-    const __m256 sx = _mm256_set1_ps(a.scale[(m + i) * w.blocks + b]);
+    const __m256 vx = _mm256_set1_ps(sx[i]);
     float* ci = c + i * ldc;
-    const __m256 c0 = b == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(ci);
-    const __m256 c1 = b == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(ci + 8);
-    const __m256 t0 = _mm256_mul_ps(sx, sw0), t1 = _mm256_mul_ps(sx, sw1);
+    const __m256 c0 = first ? _mm256_setzero_ps() : _mm256_loadu_ps(ci);
+    const __m256 c1 = first ? _mm256_setzero_ps() : _mm256_loadu_ps(ci + 8);
+    const __m256 t0 = _mm256_mul_ps(vx, sw0), t1 = _mm256_mul_ps(vx, sw1);
     _mm256_storeu_ps(ci, _mm256_add_ps(c0, _mm256_mul_ps(t0, _mm256_cvtepi32_ps(acc[i][0]))));
     _mm256_storeu_ps(ci + 8, _mm256_add_ps(c1, _mm256_mul_ps(t1, _mm256_cvtepi32_ps(acc[i][1]))));
   }
@@ -118,28 +115,38 @@ float quantize_block(const float* x, int64_t len, bool offset, int8_t* s, uint8_
 void gemm_avx2(const Act& a, const Int8Weights& w, int64_t m0, int64_t rows, int64_t p0, int64_t p1,
                float* c, int64_t ldc) {
   constexpr int64_t kP = Int8Weights::kPanel;
+  const int64_t quads = w.block_stride / 4;
+  float sx[kRowsAvx2];
   for (int64_t b = 0; b < w.blocks; ++b) {
     for (int64_t p = p0; p < p1; ++p) {
       const int8_t* wp = w.values->data() + (p * w.blocks + b) * w.block_stride * kP;
       const float* sw = w.scales->data() + (p * w.blocks + b) * kP;
       for (int64_t r = 0; r < rows; r += kRowsAvx2) {
-        tile<kRowsAvx2>(a, w, m0 + r, b, wp, sw, c + r * ldc + (p - p0) * kP, ldc);
+        for (int64_t i = 0; i < kRowsAvx2; ++i) sx[i] = a.scale[(m0 + r + i) * w.blocks + b];
+        tile<kRowsAvx2>(a.at(m0 + r, b), wp, quads, sx, sw, b == 0, c + r * ldc + (p - p0) * kP,
+                        ldc);
       }
     }
   }
 }
 
-void quantize_avx2(const float* x, int64_t x_stride, int64_t rows, const Int8Weights& w,
-                   bool offset, int8_t* s, uint8_t* u, float* scale) {
-  const int64_t rs = w.blocks * w.block_stride;
-  for (int64_t r = 0; r < rows; ++r) {
+void pack_rows_avx2(Mat x, int64_t r0, int64_t rows, const Int8Weights& w, const Act& a) {
+  const bool offset = a.quad_bytes == 4;  // VNNI: q + 128 only
+  std::vector<int8_t> s(w.block_stride);
+  std::vector<uint8_t> u(w.block_stride);
+  std::vector<float> zeros(x.rows <= r0 + rows ? w.k : 0, 0.0f);
+  for (int64_t r = r0; r < r0 + rows; ++r) {
+    const float* xr = r < x.rows ? x.row(r) : zeros.data();
     for (int64_t b = 0; b < w.blocks; ++b) {
       const int64_t len = std::min(w.block, w.k - b * w.block);
-      int8_t* sb = s + r * rs + b * w.block_stride;
-      uint8_t* ub = u + r * rs + b * w.block_stride;
-      scale[r * w.blocks + b] = quantize_block(x + r * x_stride + b * w.block, len, offset, sb, ub);
-      std::memset(sb + len, 0, w.block_stride - len);
-      std::memset(ub + len, offset ? 0x80 : 0, w.block_stride - len);
+      a.scale[r * w.blocks + b] = quantize_block(xr + b * w.block, len, offset, s.data(), u.data());
+      std::memset(s.data() + len, 0, w.block_stride - len);
+      std::memset(u.data() + len, offset ? 0x80 : 0, w.block_stride - len);
+      uint8_t* dst = a.at(r - r % a.mr, b) + (r % a.mr) * a.quad_bytes;
+      for (int64_t j = 0; j < a.quads; ++j, dst += a.mr * a.quad_bytes) {
+        std::memcpy(dst, u.data() + 4 * j, 4);
+        if (!offset) std::memcpy(dst + 4, s.data() + 4 * j, 4);
+      }
     }
   }
 }

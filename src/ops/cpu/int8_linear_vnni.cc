@@ -31,8 +31,7 @@ inline void tile(const Act& a, const Int8Weights& w, int64_t m, int64_t b, int64
   const int64_t quads = w.block_stride / 4;
   const int64_t panel_bytes = w.blocks * w.block_stride * kP;
   const int8_t* wp = w.values->data() + (p * w.blocks + b) * w.block_stride * kP;
-  const uint8_t* ur[MR];
-  for (int i = 0; i < MR; ++i) ur[i] = a.u + (m + i) * a.row_stride + b * w.block_stride;
+  const uint8_t* ap = a.at(m, b);
   __m512i acc[MR][NP];
   for (int i = 0; i < MR; ++i) {
     for (int j = 0; j < NP; ++j) acc[i][j] = _mm512_setzero_si512();
@@ -41,9 +40,10 @@ inline void tile(const Act& a, const Int8Weights& w, int64_t m, int64_t b, int64
     __m512i wv[NP];
     for (int j = 0; j < NP; ++j) wv[j] = _mm512_loadu_si512(wp + j * panel_bytes + 64 * q);
     for (int i = 0; i < MR; ++i) {
-      const __m512i uq = _mm512_set1_epi32(load32(ur[i] + 4 * q));
+      const __m512i uq = _mm512_set1_epi32(load32(ap + 4 * i));
       for (int j = 0; j < NP; ++j) acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], uq, wv[j]);
     }
+    ap += 4 * MR;
   }
   for (int j = 0; j < NP; ++j) {
     const int64_t sidx = ((p + j) * w.blocks + b) * kP;
