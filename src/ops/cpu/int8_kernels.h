@@ -12,12 +12,13 @@ namespace flowkv::ops::int8 {
 // Activations of one call, quantized and packed for one kernel: rows in tiles of `mr` (the
 // kernel's row tile; rows past the input are zero with scale 0), each tile block by block, each
 // block quad by quad (4 consecutive K values), each quad holding the tile's rows one after the
-// other, `quad_bytes` per row: |q| then q (AVX2, 8 bytes) or q + 128 (VNNI, 4 bytes). A micro-
-// kernel then reads one stream, in order.
+// other, 4 bytes per row: q (AVX2) or q + 128 as unsigned bytes (VNNI, `offset`). A micro-kernel
+// then reads one stream, in order.
 struct Act {
   uint8_t* data = nullptr;  // [rows / mr][blocks][quads][mr][quad_bytes]
   float* scale = nullptr;   // [rows][blocks]
-  int64_t mr = 0, quad_bytes = 0, quads = 0, blocks = 0;
+  int64_t mr = 0, quad_bytes = 4, quads = 0, blocks = 0;
+  bool offset = false;
 
   // Start of block b of the tile holding row m (a multiple of mr).
   uint8_t* at(int64_t m, int64_t b) const {
@@ -35,8 +36,11 @@ using GemmFn = void (*)(const Act& a, const Int8Weights& w, int64_t m0, int64_t 
 // quantize_block_int8 does, bit for bit.
 void pack_rows_avx2(Mat x, int64_t r0, int64_t rows, const Int8Weights& w, const Act& a);
 
-inline constexpr int64_t kRowsAvx2 = 4;  // row tile of the AVX2 kernel
-inline constexpr int64_t kRowsVnni = 8;  // row tile of the AVX-512 VNNI kernel
+#ifndef FLOWKV_INT8_AVX2_ROWS
+#define FLOWKV_INT8_AVX2_ROWS 5
+#endif
+inline constexpr int64_t kRowsAvx2 = FLOWKV_INT8_AVX2_ROWS;  // row tile of the AVX2 kernel
+inline constexpr int64_t kRowsVnni = 8;                      // row tile of the AVX-512 VNNI kernel
 
 void gemm_avx2(const Act& a, const Int8Weights& w, int64_t m0, int64_t rows, int64_t p0, int64_t p1,
                float* c, int64_t ldc);

@@ -65,8 +65,8 @@ class Scratch {
 // sit in the 512 KB L2; one K block of a panel (4 KB) stays in L1 across the task's rows.
 constexpr int64_t kTaskRows = 256;
 constexpr int64_t kTaskPanels = 16;
-// Rows per activation-quantization task.
-constexpr int64_t kQuantRows = 64;
+// Rows per activation-quantization task: a multiple of every kernel's row tile (4, 5, 6, 8).
+constexpr int64_t kQuantRows = 120;
 
 void run_fast(Int8Isa isa, const ExecContext& ctx, Mat x, const Int8Weights& w, Mat y) {
   const bool vnni = isa == Int8Isa::kAvx512Vnni;
@@ -81,7 +81,7 @@ void run_fast(Int8Isa isa, const ExecContext& ctx, Mat x, const Int8Weights& w, 
   Scratch scratch(ctx.arena);
   int8::Act act;
   act.mr = mr;
-  act.quad_bytes = vnni ? 4 : 8;
+  act.offset = vnni;
   act.quads = w.block_stride / 4;
   act.blocks = w.blocks;
   act.data =
