@@ -36,11 +36,8 @@ using GemmFn = void (*)(const Act& a, const Int8Weights& w, int64_t m0, int64_t 
 // quantize_block_int8 does, bit for bit.
 void pack_rows_avx2(Mat x, int64_t r0, int64_t rows, const Int8Weights& w, const Act& a);
 
-#ifndef FLOWKV_INT8_AVX2_ROWS
-#define FLOWKV_INT8_AVX2_ROWS 5
-#endif
-inline constexpr int64_t kRowsAvx2 = FLOWKV_INT8_AVX2_ROWS;  // row tile of the AVX2 kernel
-inline constexpr int64_t kRowsVnni = 8;                      // row tile of the AVX-512 VNNI kernel
+inline constexpr int64_t kRowsAvx2 = 5;  // row tile of the AVX2 kernel
+inline constexpr int64_t kRowsVnni = 8;  // row tile of the AVX-512 VNNI kernel
 
 void gemm_avx2(const Act& a, const Int8Weights& w, int64_t m0, int64_t rows, int64_t p0, int64_t p1,
                float* c, int64_t ldc);

@@ -65,7 +65,7 @@ class Scratch {
 // sit in the 512 KB L2; one K block of a panel (4 KB) stays in L1 across the task's rows.
 constexpr int64_t kTaskRows = 256;
 constexpr int64_t kTaskPanels = 16;
-// Rows per activation-quantization task: a multiple of every kernel's row tile (4, 5, 6, 8).
+// Rows per activation-quantization task: a multiple of every kernel's row tile (5, 8).
 constexpr int64_t kQuantRows = 120;
 
 void run_fast(Int8Isa isa, const ExecContext& ctx, Mat x, const Int8Weights& w, Mat y) {
