@@ -106,7 +106,15 @@ TEST(Int8, Avx2MatchesReferenceBitForBit) {
 }
 
 TEST(Int8, Avx512VnniMatchesReferenceBitForBit) {
-  if (!ops::int8_isa_supported(ops::Int8Isa::kAvx512Vnni)) GTEST_SKIP() << "no AVX-512 VNNI here";
+  if (!ops::int8_isa_supported(ops::Int8Isa::kAvx512Vnni)) {
+    // Asking for it anyway is an error, not a crash on an illegal instruction.
+    std::vector<float> x(4, 1.0f), w(4, 1.0f), y(1);
+    const ops::Int8Weights q = ops::quantize_weights_int8(w.data(), 1, 4);
+    EXPECT_THROW(ops::int8_linear_on(ops::Int8Isa::kAvx512Vnni, ExecContext{},
+                                     make_mat(x.data(), 1, 4), q, make_mat(y.data(), 1, 1)),
+                 Error);
+    GTEST_SKIP() << "no AVX-512 VNNI here";
+  }
   for (Shape s : kOddShapes) expect_isa_matches_reference(ops::Int8Isa::kAvx512Vnni, s);
 }
 
