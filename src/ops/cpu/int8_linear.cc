@@ -217,6 +217,9 @@ const char* int8_isa_name(Int8Isa isa) {
 }
 
 void int8_linear(const ExecContext& ctx, Mat x, const Int8Weights& w, Mat y) {
+  // Counted with the f32 Linear's work (2*M*N*K), so a profile compares the two directly.
+  ScopedOpTimer timer(ctx.profile ? &ctx.profile->linear : nullptr,
+                      2.0 * double(x.rows) * double(w.n) * double(w.k));
   if (ctx.kernels == KernelPath::kReference) {
     int8_linear_reference(x, w, y);
     return;
