@@ -1,9 +1,9 @@
 // AVX2 int8 kernels (this file is compiled with -mavx2 -ffp-contract=off; it runs only after
 // the driver has checked the CPU). Products use vpmaddubsw, which multiplies unsigned by signed
-// bytes and adds pairs with signed 16-bit saturation; as in ggml, the unsigned operand is |q|
-// and the signed one is w carrying the sign of q (vpsignb), both within 127 in magnitude, so a
-// pair sum is at most 2 * 127 * 127 = 32,258 and never saturates. vpmaddwd by ones then widens
-// to exact int32 sums of 4 products.
+// bytes and adds pairs with signed 16-bit saturation; as in ggml's trick, but mirrored, the
+// unsigned operand is |w| and the signed one is q carrying the sign of w (vpsignb), both within
+// 127 in magnitude, so a pair sum is at most 2 * 127 * 127 = 32,258 and never saturates.
+// vpmaddwd by ones then widens to exact int32 sums of 4 products.
 #include <immintrin.h>
 
 #include <algorithm>
