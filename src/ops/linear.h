@@ -22,6 +22,7 @@
 #include "core/exec_context.h"
 #include "core/mat.h"
 #include "flowkv/tensor.h"
+#include "ops/int8_linear.h"
 
 namespace flowkv::ops {
 
@@ -49,8 +50,6 @@ class Linear {
   DType compute_dtype() const { return compute_; }
   // Bytes the weights occupy (packed, or as stored: a view of mapped pages counts too).
   int64_t packed_bytes() const;
-  // The type the weights are held in (F32 when packed).
-  DType storage_dtype() const;
   bool empty() const { return n_ == 0; }
 
   // Adds a bias [out_features] to every output row (Qwen-Image's layers have biases).
@@ -75,6 +74,7 @@ class Linear {
   DType compute_ = DType::kF32;
   std::vector<std::shared_ptr<Packed>> chunks_;
   std::shared_ptr<const Compact> compact_;
+  std::shared_ptr<const Int8Weights> int8_;    // int8 compute
   std::shared_ptr<std::vector<float>> plain_;  // [N, K] f32 values, for the reference path
   std::vector<float> bias_;
 };

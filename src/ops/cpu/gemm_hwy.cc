@@ -17,7 +17,6 @@
 
 namespace flowkv::ops::cpu {
 constexpr int64_t kMr = 6;    // rows per micro-tile
-constexpr int64_t kMc = 144;  // rows of A packed at a time (144 x 256 f32 = 144 KB, in L2)
 constexpr int64_t kKc = kGemmKBlock;
 
 inline float* scratch(std::vector<float>& v, size_t n) {
@@ -64,37 +63,37 @@ HWY_INLINE void Transpose8(D d, const float* rows, int64_t kc, float* dst, int64
 }
 #endif
 
-// Packs B rows [n0, n1), columns [k0, k0 + kc) into slivers of nr columns: sliver s holds
-// [kc][nr] (columns past n1 are zero).
-void PackB(const RowSource& b, int64_t n0, int64_t n1, int64_t k0, int64_t kc, int64_t nr,
-           float* out, float* rows) {
-  for (int64_t s0 = n0; s0 < n1; s0 += nr) {
-    const int64_t cols = std::min(nr, n1 - s0);
-    b.widen(b.self, s0, cols, k0, kc, rows);
-    float* sl = out + (s0 - n0) / nr * kc * nr;
-    int64_t k = 0;
+// Packs B rows [j0, j0 + cols) (cols <= nr), all k, into one sliver [k][nr] (columns past cols
+// are zero), widening kKc columns at a time through `rows` [nr][kKc].
+void PackSliver(const RowSource& b, int64_t j0, int64_t cols, int64_t k, int64_t nr, float* sl,
+                float* rows) {
+  for (int64_t k0 = 0; k0 < k; k0 += kKc) {
+    const int64_t kc = std::min(kKc, k - k0);
+    b.widen(b.self, j0, cols, k0, kc, rows);
+    float* out = sl + k0 * nr;
+    int64_t i = 0;
 #if HWY_TARGET == HWY_AVX2
     // Whole 8 x 8 blocks by vector transposes (8 lanes here, so nr = 16: two row groups).
     if (cols == nr) {
       const hn::FixedTag<float, 8> d8;
-      for (; k + 8 <= kc; k += 8) {
-        for (int64_t g = 0; g < nr; g += 8)
-          Transpose8(d8, rows + g * kc + k, kc, sl + k * nr + g, nr);
+      for (; i + 8 <= kc; i += 8) {
+        Transpose8(d8, rows + i, kc, out + i * nr, nr);
+        Transpose8(d8, rows + 8 * kc + i, kc, out + i * nr + 8, nr);
       }
     }
 #endif
-    for (; k < kc; ++k) {
-      float* dst = sl + k * nr;
-      for (int64_t j = 0; j < cols; ++j) dst[j] = rows[j * kc + k];
+    for (; i < kc; ++i) {
+      float* dst = out + i * nr;
+      for (int64_t j = 0; j < cols; ++j) dst[j] = rows[j * kc + i];
       for (int64_t j = cols; j < nr; ++j) dst[j] = 0.0f;
     }
   }
 }
 
-// c[6][2 vectors] (row stride ldc) = (accumulate ? c : 0) + sum_k a[r][k] * bp[k][j], A read in
-// place (row stride lda); rows from h on repeat row h - 1 (their results are not kept).
+// c[6][2 vectors] (row stride ldc) = sum_k a[r][k] * bp[k][j], one FMA chain per output from
+// k = 0, A read in place (row stride lda); rows from h on repeat row h - 1 (not kept).
 void Kernel(int64_t kc, const float* a, int64_t lda, int64_t h, const float* HWY_RESTRICT bp,
-            float* c, int64_t ldc, bool accumulate) {
+            float* c, int64_t ldc) {
   const hn::ScalableTag<float> d;
   const size_t L = hn::Lanes(d);
   const float* a0 = a;
@@ -129,10 +128,6 @@ void Kernel(int64_t kc, const float* a, int64_t lda, int64_t h, const float* HWY
     bp += 2 * L;
   }
   auto store = [&](float* row, decltype(c00) v0, decltype(c00) v1) {
-    if (accumulate) {
-      v0 = hn::Add(hn::LoadU(d, row), v0);
-      v1 = hn::Add(hn::LoadU(d, row + L), v1);
-    }
     hn::StoreU(v0, d, row);
     hn::StoreU(v1, d, row + L);
   };
@@ -144,39 +139,29 @@ void Kernel(int64_t kc, const float* a, int64_t lda, int64_t h, const float* HWY
   store(c + 5 * ldc, c50, c51);
 }
 
+// Sliver by sliver: the sliver (all of K, in L2) is packed once and every micro-tile of rows
+// streams A past it; each output is one FMA chain over k and is stored once.
 void GemmRowsSource(const float* a, int64_t lda, int64_t m, int64_t k, const RowSource& b,
                     int64_t n0, int64_t n1, float* c, int64_t ldc) {
   const hn::ScalableTag<float> d;
   const int64_t nr = 2 * static_cast<int64_t>(hn::Lanes(d));
-  const int64_t slivers = (n1 - n0 + nr - 1) / nr;
-  thread_local std::vector<float> bbuf, rbuf;
-  float* bp = scratch(bbuf, static_cast<size_t>(slivers * nr * kKc));
+  thread_local std::vector<float> sbuf, rbuf;
+  float* sl = scratch(sbuf, static_cast<size_t>(k * nr));
   float* rows = scratch(rbuf, static_cast<size_t>(nr * kKc));
   float edge[kMr * 64];  // a partial micro-tile (nr <= 64)
-  for (int64_t k0 = 0; k0 < k; k0 += kKc) {
-    const int64_t kc = std::min(kKc, k - k0);
-    const bool acc = k0 > 0;
-    PackB(b, n0, n1, k0, kc, nr, bp, rows);
-    for (int64_t i0 = 0; i0 < m; i0 += kMc) {
-      const int64_t mc = std::min(kMc, m - i0);
-      for (int64_t s = 0; s < slivers; ++s) {
-        const int64_t j0 = n0 + s * nr, cols = std::min(nr, n1 - j0);
-        const float* bs = bp + s * kc * nr;
-        for (int64_t p = 0; p < mc; p += kMr) {
-          const int64_t h = std::min(kMr, mc - p);
-          float* ct = c + (i0 + p) * ldc + j0;
-          if (h == kMr && cols == nr) {
-            Kernel(kc, a + (i0 + p) * lda + k0, lda, h, bs, ct, ldc, acc);
-            continue;
-          }
-          for (int64_t i = 0; acc && i < h; ++i) {
-            std::memcpy(edge + i * nr, ct + i * ldc, static_cast<size_t>(cols) * 4);
-          }
-          Kernel(kc, a + (i0 + p) * lda + k0, lda, h, bs, edge, nr, acc);
-          for (int64_t i = 0; i < h; ++i) {
-            std::memcpy(ct + i * ldc, edge + i * nr, static_cast<size_t>(cols) * 4);
-          }
-        }
+  for (int64_t j0 = n0; j0 < n1; j0 += nr) {
+    const int64_t cols = std::min(nr, n1 - j0);
+    PackSliver(b, j0, cols, k, nr, sl, rows);
+    for (int64_t p = 0; p < m; p += kMr) {
+      const int64_t h = std::min(kMr, m - p);
+      float* ct = c + p * ldc + j0;
+      if (h == kMr && cols == nr) {
+        Kernel(k, a + p * lda, lda, h, sl, ct, ldc);
+        continue;
+      }
+      Kernel(k, a + p * lda, lda, h, sl, edge, nr);
+      for (int64_t i = 0; i < h; ++i) {
+        std::memcpy(ct + i * ldc, edge + i * nr, static_cast<size_t>(cols) * 4);
       }
     }
   }
@@ -212,13 +197,7 @@ void gemm_rows_source_reference(const float* a, int64_t lda, int64_t m, int64_t 
     }
     for (int64_t r = 0; r < m; ++r) {
       float total = 0.0f;
-      for (int64_t k0 = 0; k0 < k; k0 += cpu::kKc) {
-        float part = 0.0f;
-        for (int64_t i = k0; i < std::min(k, k0 + cpu::kKc); ++i) {
-          part = std::fma(a[r * lda + i], row[static_cast<size_t>(i)], part);
-        }
-        total = k0 == 0 ? part : total + part;
-      }
+      for (int64_t i = 0; i < k; ++i) total = std::fma(a[r * lda + i], row[size_t(i)], total);
       c[r * ldc + j] = total;
     }
   }

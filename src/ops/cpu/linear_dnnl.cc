@@ -226,8 +226,7 @@ Linear Linear::stacked(const std::vector<Tensor>& ws, Compute compute, bool keep
 // values packed.
 void Linear::init(const std::vector<Tensor>& ws, int64_t r0, int64_t n, Compute compute,
                   bool keep_plain) {
-  FLOWKV_CHECK(!compute.int8, "int8 compute is not available in this build");
-  if (try_compact(ws, r0, n, compute.type, keep_plain)) return;
+  if (!compute.int8 && try_compact(ws, r0, n, compute.type, keep_plain)) return;
   const int64_t k = ws[0].dim(1);
   std::vector<float> all(static_cast<size_t>(n * k));
   int64_t off = 0;
@@ -237,6 +236,13 @@ void Linear::init(const std::vector<Tensor>& ws, int64_t r0, int64_t n, Compute 
     std::memcpy(all.data() + off * k, f.f32() + (ws.size() == 1 ? r0 : 0) * k,
                 static_cast<size_t>(rows * k) * sizeof(float));
     off += rows;
+  }
+  if (compute.int8) {  // weights quantized once, from their exact values
+    n_ = n;
+    k_ = k;
+    compute_ = DType::kF32;
+    int8_ = std::make_shared<const Int8Weights>(quantize_weights_int8(all.data(), n, k));
+    return;
   }
   build(all.data(), n, k, compute.type, keep_plain);
 }
@@ -326,12 +332,9 @@ void Linear::build(const float* w, int64_t n, int64_t k, DType compute, bool kee
   }
 }
 
-DType Linear::storage_dtype() const {
-  return compact_ ? compact_->dtype : DType::kF32;
-}
-
 int64_t Linear::packed_bytes() const {
   if (compact_) return dtype_bytes(compact_->dtype, n_ * k_);
+  if (int8_) return int8_->packed_bytes();
   int64_t b = 0;
   for (const auto& c : chunks_) b += static_cast<int64_t>(c->data.size());
   return b;
@@ -364,6 +367,11 @@ void Linear::forward(const ExecContext& ctx, Mat x, Mat y) const {
   FLOWKV_CHECK(x.cols == k_ && y.cols == n_ && x.rows == y.rows, "linear: input ", x.rows, "x",
                x.cols, " and output ", y.rows, "x", y.cols, " do not fit weight ", n_, "x", k_);
   if (x.rows == 0) return;
+  if (int8_) {
+    int8_linear(ctx, x, *int8_, y);  // its own reference path under KernelPath::kReference
+    if (!bias_.empty()) gated_add(ctx, y, Mat{const_cast<float*>(bias_.data()), y.rows, n_, 0}, {});
+    return;
+  }
   if (ctx.kernels == KernelPath::kReference) return forward_reference(x, y);
   const int64_t m = x.rows;
   ScopedOpTimer timer(ctx.profile ? &ctx.profile->linear : nullptr, 2.0 * double(m) * n_ * k_);
