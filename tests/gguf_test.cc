@@ -572,3 +572,36 @@ TEST(GgufModels, QuantizedCheckpointsLoadAndRunEveryFamily) {
 
 }  // namespace
 }  // namespace flowkv
+
+namespace flowkv {
+namespace {
+
+// int8 compute on every family's tiny built-in (as a checkpoint): close to f32, and the exact
+// conditioning cache stays exact (cached == recomputed bit for bit), because an activation
+// row's quantization and products do not depend on the other rows of the call.
+TEST(Int8Models, EveryFamilyRunsAndItsExactCacheStaysExact) {
+  for (const std::string name : {"tiny", "qwen21-tiny"}) {
+    test::TempDir dir;
+    const std::string src = dir.path().string() + "/model";
+    export_builtin(name, 4, "f32", src);
+    const Model f32 = Model::load(src), int8 = Model::load(src, "int8");
+    EXPECT_EQ(int8.compute_dtype(), "INT8");
+    ExampleShape shape{.text_tokens = 8, .height = 4, .width = 4, .seed = 6};
+    const DenoiseInputs plain = example_inputs(f32, shape);
+    const double e = nmse_of(forward(int8, plain), forward(f32, plain));
+    EXPECT_GT(e, 0.0) << name;
+    EXPECT_LT(e, 1e-2) << name;
+    shape.references = {{2, 2}};
+    const DenoiseInputs in = example_inputs(f32, shape);
+    DenoiseOptions o;
+    o.steps = 3;
+    o.mode = KVMode::kCached;
+    const Tensor cached = denoise(int8, in, o).latents;
+    o.mode = KVMode::kRecompute;
+    const Tensor recomputed = denoise(int8, in, o).latents;
+    EXPECT_TRUE(test::bit_equal(cached.f32(), recomputed.f32(), cached.numel())) << name;
+  }
+}
+
+}  // namespace
+}  // namespace flowkv

@@ -45,7 +45,7 @@ class Flux2Transformer {
 
   std::string variant() const;
   std::string config_json() const;
-  std::string compute_dtype() const;  // "F32" or "BF16"
+  std::string compute_dtype() const;  // "F32", "BF16" or "INT8"
   int64_t parameters() const;
   int64_t in_channels() const;
   int64_t text_channels() const;

@@ -116,7 +116,8 @@ void export_builtin(const std::string& name, uint64_t seed, const std::string& d
 class Model {
  public:
   // A checkpoint of any registered family (diffusers folder, pipeline folder with
-  // transformer/, sharded or single safetensors); dtype "auto", "f32" or "bf16".
+  // transformer/, sharded or single safetensors, GGUF); dtype (the compute) "auto", "f32",
+  // "bf16" or "int8" (8-bit integer arithmetic in the linear layers).
   static Model load(const std::string& path, const std::string& dtype = "auto");
   // A built-in model with deterministic random weights (see FamilyInfo::builtins).
   static Model builtin(const std::string& name, uint64_t seed = 0,
@@ -128,7 +129,7 @@ class Model {
   const FamilyInfo& family() const;
   std::string variant() const;
   std::string config_json() const;
-  std::string compute_dtype() const;  // "F32" or "BF16"
+  std::string compute_dtype() const;  // "F32", "BF16" or "INT8"
   int64_t in_channels() const;
   int64_t text_channels() const;
 

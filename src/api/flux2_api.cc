@@ -27,6 +27,7 @@ flux2::Config builtin_or_fail(const std::string& name) {
 Flux2Transformer Flux2Transformer::load(const std::string& path, const Flux2LoadOptions& opts) {
   auto impl = std::make_shared<Impl>();
   impl->model = flux2::Model::load(path, parse_dtype_option(opts.dtype));
+  impl->int8 = parse_dtype_option(opts.dtype).int8;
   impl->variant = flux2::variant_name(impl->model.config());
   Flux2Transformer t;
   t.impl_ = std::move(impl);
@@ -41,6 +42,7 @@ Flux2Transformer Flux2Transformer::builtin(const std::string& name, uint64_t see
   const flux2::WeightSource src(flux2::random_weights(c, seed, store));
   auto impl = std::make_shared<Impl>();
   impl->model = flux2::Model::from_source(src, c, o);
+  impl->int8 = o.int8;
   impl->variant = "built-in '" + name + "' (" + flux2::variant_name(c) + ", random weights)";
   Flux2Transformer t;
   t.impl_ = std::move(impl);
@@ -71,7 +73,7 @@ std::string Flux2Transformer::config_json() const {
   return impl_->model.config().to_json().dump(2);
 }
 std::string Flux2Transformer::compute_dtype() const {
-  return std::string(dtype_name(impl_->model.compute_dtype()));
+  return impl_->int8 ? "INT8" : std::string(dtype_name(impl_->model.compute_dtype()));
 }
 int64_t Flux2Transformer::parameters() const {
   return flux2::parameter_count(impl_->model.config());

@@ -14,6 +14,7 @@ qwen::LoadOptions21 options21(const std::string& dtype) {
   qwen::LoadOptions21 o;
   o.auto_dtype = f.auto_dtype;
   o.compute = f.compute;
+  o.int8 = f.int8;
   return o;
 }
 
@@ -29,6 +30,7 @@ QwenImage21Transformer QwenImage21Transformer::load(const std::string& path,
                                                     const std::string& dtype) {
   auto impl = std::make_shared<Impl>();
   impl->model = qwen::Model21::load(path, options21(dtype));
+  impl->int8 = options21(dtype).int8;
   impl->variant = describe(impl->model.config());
   QwenImage21Transformer t;
   t.impl_ = std::move(impl);
@@ -44,6 +46,7 @@ QwenImage21Transformer QwenImage21Transformer::builtin(const std::string& name, 
   const DType store = !o.auto_dtype && o.compute == DType::kBF16 ? DType::kBF16 : DType::kF32;
   auto impl = std::make_shared<Impl>();
   impl->model = qwen::Model21::from_tensors(qwen::random_weights21(c, seed, store), c, o);
+  impl->int8 = o.int8;
   impl->variant = "built-in '" + name + "' (" + describe(c) + ", random weights)";
   QwenImage21Transformer t;
   t.impl_ = std::move(impl);
@@ -60,7 +63,7 @@ std::string QwenImage21Transformer::config_json() const {
   return impl_->model.config().to_json().dump(2);
 }
 std::string QwenImage21Transformer::compute_dtype() const {
-  return std::string(dtype_name(impl_->model.compute_dtype()));
+  return impl_->int8 ? "INT8" : std::string(dtype_name(impl_->model.compute_dtype()));
 }
 int64_t QwenImage21Transformer::in_channels() const {
   return impl_->model.config().in_channels;

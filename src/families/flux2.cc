@@ -23,8 +23,11 @@ flux2::LoadOptions parse_dtype_option(const std::string& dtype) {
     o.compute = DType::kF32;
   } else if (dtype == "bf16" || dtype == "BF16") {
     o.compute = DType::kBF16;
+  } else if (dtype == "int8" || dtype == "INT8") {
+    o.compute = DType::kF32;
+    o.int8 = true;
   } else {
-    fail("unknown dtype '", dtype, "': use auto, f32 or bf16");
+    fail("unknown dtype '", dtype, "': use auto, f32, bf16 or int8");
   }
   return o;
 }

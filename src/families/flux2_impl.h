@@ -10,9 +10,10 @@ namespace flowkv {
 struct Flux2Transformer::Impl {
   flux2::Model model;
   std::string variant;
+  bool int8 = false;  // linear layers in 8-bit integer arithmetic
 };
 
-// Parses "auto" / "f32" / "bf16".
+// Parses "auto" / "f32" / "bf16" / "int8".
 flux2::LoadOptions parse_dtype_option(const std::string& dtype);
 
 }  // namespace flowkv

@@ -12,6 +12,7 @@ namespace flowkv {
 struct QwenImage21Transformer::Impl {
   qwen::Model21 model;
   std::string variant;
+  bool int8 = false;  // linear layers in 8-bit integer arithmetic
 };
 
 }  // namespace flowkv

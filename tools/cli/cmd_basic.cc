@@ -71,7 +71,10 @@ void add_forward(CLI::App& app) {
   cmd->add_option("--model", o->model, "checkpoint to load (folder or .safetensors file)");
   cmd->add_option("--builtin", o->builtin, "built-in model when no --model is given")
       ->capture_default_str();
-  cmd->add_option("--dtype", o->dtype, "auto, f32 or bf16")->capture_default_str();
+  cmd->add_option("--dtype", o->dtype,
+                  "compute: auto (bf16 for an all-bf16 checkpoint, else f32), f32, bf16, or int8 "
+                  "(8-bit integer arithmetic: weights quantized at load, activations per block)")
+      ->capture_default_str();
   cmd->add_option("--grid", o->grid, "target latent grid HxW (tokens)")->capture_default_str();
   cmd->add_option("--text-tokens", o->text, "text tokens")
       ->check(CLI::Range(int64_t{1}, limits::kMaxTokens))

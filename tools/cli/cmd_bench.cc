@@ -258,7 +258,8 @@ void add_bench(CLI::App& app) {
   cmd->add_option("--model", o->model, "checkpoint folder or file (default: a built-in model)");
   cmd->add_option("--builtin", o->builtin,
                   "built-in model when no --model (default: the family's, listed above)");
-  cmd->add_option("--dtype", o->dtype, "auto, f32 or bf16 (built-in: auto means f32)")
+  cmd->add_option("--dtype", o->dtype,
+                  "compute: auto, f32, bf16 or int8 (built-in: auto means f32)")
       ->capture_default_str();
   cmd->add_option("--steps", o->steps, "step counts, comma-separated (default: the family's)");
   cmd->add_option("--refs", o->refs,

@@ -31,6 +31,7 @@ struct LoadOptions {
   bool auto_dtype = true;
   DType compute = DType::kF32;
   bool keep_plain = false;  // keep unpacked weights so the scalar reference path can run
+  bool int8 = false;        // 8-bit integer arithmetic in the linear layers (compute F32)
 };
 
 // One forward's arguments. The sequence is a list of segments (segments/segment_input.h):

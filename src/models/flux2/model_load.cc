@@ -53,7 +53,7 @@ Model Model::from_source(const WeightSource& src, const Config& cfg, const LoadO
   auto w = std::make_shared<Weights>();
   w->cfg = cfg;
   w->compute = compute;
-  const DType dt = w->compute;
+  const ops::Compute dt{w->compute, opts.int8};
   const bool plain = opts.keep_plain;
   auto lin = [&](const std::string& name) { return ops::Linear(src.get(name), dt, plain); };
   auto stack = [&](std::vector<std::string> names) {

@@ -43,11 +43,11 @@ std::vector<float> vec(const Tensor& t, float add = 0.0f) {
 
 std::shared_ptr<Model21::Weights> build(const Getter& get,
                                         const std::map<std::string, TensorInfo>& stored,
-                                        const Config21& c, DType dt, bool plain) {
-  check_weights_fit(weight_table(c), held_bytes(stored, dt), "a Qwen-Image-2.1 transformer");
+                                        const Config21& c, ops::Compute dt, bool plain) {
+  check_weights_fit(weight_table(c), held_bytes(stored, dt.type), "a Qwen-Image-2.1 transformer");
   auto w = std::make_shared<Model21::Weights>();
   w->cfg = c;
-  w->compute = dt;
+  w->compute = dt.type;
   auto lin = [&](const std::string& n) { return ops::Linear(get(n), dt, plain); };
   auto stack = [&](std::vector<std::string> names) {
     std::vector<Tensor> ts;
@@ -521,7 +521,8 @@ Model21 Model21::from_tensors(const std::map<std::string, Tensor>& tensors, cons
                format_problems("the weights do not fit this Qwen-Image-2.1 config", problems));
   const DType dt = opts.auto_dtype ? (all_bf16 ? DType::kBF16 : DType::kF32) : opts.compute;
   Model21 m;
-  m.w_ = build([&](const std::string& n) { return tensors.at(n); }, infos, c, dt, opts.keep_plain);
+  m.w_ = build([&](const std::string& n) { return tensors.at(n); }, infos, c,
+               ops::Compute{dt, opts.int8}, opts.keep_plain);
   return m;
 }
 
@@ -539,8 +540,8 @@ Model21 Model21::load(const std::string& path, const LoadOptions21& opts) {
   const DType dt = opts.auto_dtype ? (all_bf16 ? DType::kBF16 : DType::kF32) : opts.compute;
   CheckpointReader reader(scan);
   Model21 m;
-  m.w_ = build([&](const std::string& n) { return reader.get(n); }, scan.tensors, c, dt,
-               opts.keep_plain);
+  m.w_ = build([&](const std::string& n) { return reader.get(n); }, scan.tensors, c,
+               ops::Compute{dt, opts.int8}, opts.keep_plain);
   return m;
 }
 

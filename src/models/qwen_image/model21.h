@@ -28,6 +28,7 @@ struct LoadOptions21 {
   bool auto_dtype = true;  // BF16 compute when every weight is BF16
   DType compute = DType::kF32;
   bool keep_plain = false;
+  bool int8 = false;  // 8-bit integer arithmetic in the linear layers (compute F32)
 };
 
 // One forward's arguments. The sequence is a list of segments (segments/segment_input.h):

@@ -16,7 +16,7 @@
 #include "ops/gemm.h"
 
 namespace flowkv::ops::cpu {
-constexpr int64_t kMr = 6;    // rows per micro-tile
+constexpr int64_t kMr = 6;  // rows per micro-tile
 constexpr int64_t kKc = kGemmKBlock;
 
 inline float* scratch(std::vector<float>& v, size_t n) {
