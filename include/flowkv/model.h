@@ -110,6 +110,10 @@ struct DenoiseResult {
 
 // Writes a built-in model as a diffusers-format folder (config.json + safetensors) that load()
 // reads back; dtype "f32" or "bf16". Throws when its family cannot write one.
+// Writes a released shape (e.g. "klein-9b-kv") or built-in with all-zero weights as a diffusers
+// folder whose data are holes of sparse files (no disk used for them): real-size memory and
+// load checks without the real weights. dtype "f32" or "bf16".
+void export_zero_weights(const std::string& name, const std::string& dtype, const std::string& dir);
 void export_builtin(const std::string& name, uint64_t seed, const std::string& dtype,
                     const std::string& dir);
 

@@ -28,6 +28,13 @@ void export_builtin(const std::string& name, uint64_t seed, const std::string& d
   f.write_builtin(name, seed, dtype, dir);
 }
 
+void export_zero_weights(const std::string& name, const std::string& dtype,
+                         const std::string& dir) {
+  const families::Family& f = families::resolve(name);
+  FLOWKV_CHECK(f.write_zeros, "the ", f.info.title, " family cannot write zero-weight shapes");
+  f.write_zeros(name, dtype, dir);
+}
+
 Model Model::load(const std::string& path, const std::string& dtype) {
   const families::Family& f = families::resolve(path);
   return Model(std::make_shared<Impl>(Impl{&f, f.load(path, dtype)}));

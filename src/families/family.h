@@ -78,6 +78,10 @@ struct Family {
   std::function<void(const std::string& name, uint64_t seed, const std::string& dtype,
                      const std::string& dir)>
       write_builtin;
+  // Optional: writes a released shape (or built-in) with all-zero weights of `dtype` ("f32" or
+  // "bf16") as a diffusers folder of sparse files: real-size memory checks without real weights.
+  std::function<void(const std::string& name, const std::string& dtype, const std::string& dir)>
+      write_zeros;
   // `flowkv inspect` for a checkpoint this family detects: fills family, variant, config and
   // problems of the report (and layout and parameters where the family maps the files).
   std::function<void(const CheckpointScan& scan, InspectReport& report)> inspect;

@@ -277,6 +277,12 @@ Family flux2_family() {
     return wrap(Flux2Transformer::builtin(name, seed, dtype));
   };
   f.write_builtin = Flux2Transformer::write_builtin;
+  f.write_zeros = [](const std::string& name, const std::string& dtype, const std::string& dir) {
+    flux2::Config c;
+    FLOWKV_CHECK(flux2::released_config(name, &c) || flux2::builtin_config(name, &c),
+                 "no released shape or built-in FLUX.2 model '", name, "'");
+    write_zero_folder(dir, c.to_json(), flux2::weight_table(c), parse_dtype_option(dtype).compute);
+  };
   f.inspect = inspect_files;
   f.predict_shape = [](const PredictRequest& r) {
     std::string name;

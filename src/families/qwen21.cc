@@ -259,6 +259,11 @@ Family qwen21_family() {
     return wrap(QwenImage21Transformer::builtin(name, seed, dtype));
   };
   f.write_builtin = write_builtin;
+  f.write_zeros = [](const std::string& name, const std::string& dtype, const std::string& dir) {
+    std::string described;
+    const qwen::Config21 c = config_of_model(name, &described);
+    write_zero_folder(dir, c.to_json(), qwen::weight_table(c), parse_dtype_option(dtype).compute);
+  };
   f.inspect = inspect_files;
   f.predict_shape = [](const PredictRequest& r) {
     std::string name;

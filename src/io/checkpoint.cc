@@ -294,6 +294,13 @@ void write_diffusers_folder(const std::string& dir, const Json& config,
   write_file_atomic((root / "config.json").string(), config.dump(2));
 }
 
+void write_zero_folder(const std::string& dir, const Json& config,
+                       const std::vector<ExpectedTensor>& table, DType dtype) {
+  std::vector<TensorToWrite> list;
+  for (const ExpectedTensor& e : table) list.push_back({e.name, dtype, e.shape, nullptr});
+  write_diffusers_folder(dir, config, list);
+}
+
 CheckpointReader::CheckpointReader(const CheckpointScan& scan) {
   if (scan.gguf) {
     gguf_ = std::make_shared<GgufFile>(GgufFile::open(scan.gguf->path));

@@ -41,10 +41,15 @@ void write_diffusers_folder(const std::string& dir, const Json& config,
                             int64_t max_shard_bytes = int64_t{5} << 30);
 
 // What a model expects to find: its one name table.
+
 struct ExpectedTensor {
   std::string name;
   Shape shape;
 };
+
+// A folder of the table's tensors, every one all zeros of `dtype` (holes of sparse files).
+void write_zero_folder(const std::string& dir, const Json& config,
+                       const std::vector<ExpectedTensor>& table, DType dtype);
 
 // Checks the bytes the table's weights will occupy once loaded (`held_bytes` of each: packed f32,
 // or as stored) against the memory budget before anything is packed; `what` names the model.

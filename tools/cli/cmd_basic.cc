@@ -1,4 +1,5 @@
 // inspect, forward, export-builtin.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -56,14 +57,55 @@ void add_inspect(CLI::App& app) {
   });
 }
 
+namespace {
+// Runs the reference model on the same inputs (a forward, or an N-step denoise) and prints the
+// error of `m` against it: NMSE, and PSNR over the reference's peak-to-peak range.
+void compare_against(const Model& m, const std::string& ref_path, int64_t h, int64_t w,
+                     int64_t text, uint64_t seed, int steps, int refs, const Tensor& out) {
+  const Model ref = Model::load(ref_path, "f32");
+  ExampleShape shape{.text_tokens = text, .height = h, .width = w, .seed = seed};
+  for (int i = 0; i < refs; ++i) shape.references.push_back({h, w});
+  const DenoiseInputs in = example_inputs(ref, shape);
+  Tensor a = out, b;
+  if (steps > 0) {
+    DenoiseOptions opts;
+    opts.steps = steps;
+    a = denoise(m, in, opts).latents;
+    b = denoise(ref, in, opts).latents;
+  } else {
+    b = forward(ref, in, {.sigma = 0.75f});
+  }
+  double err = 0, energy = 0, lo = b.f32()[0], hi = b.f32()[0];
+  for (int64_t i = 0; i < b.numel(); ++i) {
+    const double d = double(a.f32()[i]) - b.f32()[i];
+    err += d * d;
+    energy += double(b.f32()[i]) * b.f32()[i];
+    lo = std::min(lo, double(b.f32()[i]));
+    hi = std::max(hi, double(b.f32()[i]));
+  }
+  const double mse = err / b.numel();
+  std::printf("against:  %s (f32), %s: NMSE %.3e, PSNR %.1f dB\n", ref_path.c_str(),
+              steps > 0 ? ("final latents of a " + std::to_string(steps) + "-step denoise, " +
+                           std::to_string(refs) + " reference(s)")
+                              .c_str()
+                        : "one forward",
+              err / energy, 10.0 * std::log10((hi - lo) * (hi - lo) / mse));
+}
+
+}  // namespace
+
 void add_forward(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "forward",
       "Run one transformer forward on deterministic inputs and print the output's statistics\n"
-      "and hash. Without --model, runs a built-in model with random weights.");
+      "and hash. Without --model, runs a built-in model with random weights. With --against,\n"
+      "also runs a reference model (e.g. the f32 checkpoint a GGUF file was made from) on the\n"
+      "same inputs and prints the NMSE and PSNR of the output against it; with --steps N, both\n"
+      "run an N-step denoise (with --refs reference images) and their final latents compare.");
   struct Opts {
-    std::string model, builtin = "tiny", dtype = "auto", grid = "16x16";
+    std::string model, builtin = "tiny", dtype = "auto", grid = "16x16", against;
     int64_t text = 64;
+    int steps = 0, refs = 0;
     uint64_t seed = 0;
     bool check_finite = false;
   };
@@ -82,6 +124,11 @@ void add_forward(CLI::App& app) {
   cmd->add_option("--seed", o->seed, "seed of the built-in weights and of the inputs");
   cmd->add_flag("--check-finite", o->check_finite,
                 "fail naming the first intermediate that holds NaN or infinity (slower)");
+  cmd->add_option("--against", o->against, "reference checkpoint (f32 compute) to compare with");
+  cmd->add_option("--steps", o->steps, "with --against: compare an N-step denoise instead")
+      ->check(CLI::Range(0, 1000));
+  cmd->add_option("--refs", o->refs, "with --steps: reference images (the target's grid)")
+      ->check(CLI::Range(0, 8));
   cmd->callback([o] {
     std::exit(guarded([&] {
       const auto [h, w] = parse_grid(o->grid, "--grid");
@@ -109,6 +156,8 @@ void add_forward(CLI::App& app) {
       std::printf("time:     load %.3f s, forward %.3f s\n",
                   std::chrono::duration<double>(t1 - t0).count(),
                   std::chrono::duration<double>(t2 - t1).count());
+      if (!o->against.empty())
+        compare_against(m, o->against, h, w, o->text, o->seed, o->steps, o->refs, out);
       return 0;
     }));
   });
@@ -117,8 +166,11 @@ void add_forward(CLI::App& app) {
 void add_export(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "export-builtin",
-      "Write a built-in model as a diffusers-format folder (config.json + safetensors).");
+      "Write a built-in model as a diffusers-format folder (config.json + safetensors).\n"
+      "With --zeros, NAME may also be a released shape (klein-9b-kv, qwen-image-2.1, ...): all\n"
+      "weights zero, written as holes of sparse files, for real-size memory checks.");
   struct Opts {
+    bool zeros = false;
     std::string name, dir, dtype = "f32";
     uint64_t seed = 0;
   };
@@ -138,9 +190,14 @@ void add_export(CLI::App& app) {
   cmd->add_option("dir", o->dir, "output folder")->required();
   cmd->add_option("--dtype", o->dtype, "f32 or bf16")->capture_default_str();
   cmd->add_option("--seed", o->seed, "seed of the weights");
+  cmd->add_flag("--zeros", o->zeros, "all-zero weights as sparse files (released shapes too)");
   cmd->callback([o] {
     std::exit(guarded([&] {
-      export_builtin(o->name, o->seed, o->dtype, o->dir);
+      if (o->zeros) {
+        export_zero_weights(o->name, o->dtype, o->dir);
+      } else {
+        export_builtin(o->name, o->seed, o->dtype, o->dir);
+      }
       std::printf("wrote %s\n", o->dir.c_str());
       return 0;
     }));
