@@ -340,6 +340,13 @@ TEST(Flux2Model, InspectsRealSizeKlein9bShardsWithoutLoading) {
   EXPECT_EQ(r.bytes_by_dtype.at("BF16"), 2 * 9078581248);
   EXPECT_EQ(r.files, 4);
   EXPECT_NE(r.variant.find("Klein 9B"), std::string::npos);
+  // The memory prediction: bf16 weights held as stored (2 bytes each, norm scales as f32), and
+  // the cost model's KV (one reference: 2 x 32 blocks x 4096 tokens x width 4096 x bf16) and
+  // activations for the default request.
+  EXPECT_GE(r.held_weight_bytes, 2 * 9078581248);
+  EXPECT_LT(r.held_weight_bytes, 2 * 9078581248 + (int64_t{1} << 20));
+  EXPECT_EQ(r.request_kv_bytes, int64_t{2} * 32 * 4096 * 4096 * 2);
+  EXPECT_GT(r.request_activation_bytes, 0);
   fs::remove_all(dir);
 }
 

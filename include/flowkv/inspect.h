@@ -24,6 +24,12 @@ struct InspectReport {
   // A GGUF file's metadata, one "key = value" line each (long arrays abbreviated).
   std::vector<std::string> metadata;
   std::string config_json;  // the config in effect (from config.json, or inferred from shapes)
+  // Memory to load and run it (predicted, nothing loaded): the weights as flowkv holds them
+  // (f32 packed; bf16, f16 and GGUF blocks as stored), and one request (memory_request): its KV
+  // caches and its activations. Load and requests are refused over the memory budget.
+  int64_t held_weight_bytes = 0;
+  std::string memory_request;
+  int64_t request_kv_bytes = 0, request_activation_bytes = 0;
   bool config_inferred = false;
   std::vector<std::string> problems;  // every problem found; empty when the files are sound
   bool ok() const { return problems.empty(); }

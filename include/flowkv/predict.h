@@ -24,8 +24,9 @@ struct KVPrediction {
   std::vector<SegmentFlops> segments;
   double uncached_step_flops = 0;  // all branches
   double cached_step_flops = 0;
-  double speedup = 1;    // over `steps` steps, step 0 paying full price
-  int64_t kv_bytes = 0;  // payload, all branches
+  double speedup = 1;            // over `steps` steps, step 0 paying full price
+  int64_t kv_bytes = 0;          // payload, all branches
+  int64_t activation_bytes = 0;  // peak activations of one forward over the whole sequence
   int kv_bytes_per_element = 2;
   double saving() const { return 1.0 - 1.0 / speedup; }
 };

@@ -4,7 +4,9 @@
 
 #include "families/family.h"
 #include "flowkv/error.h"
+#include "flowkv/predict.h"
 #include "io/checkpoint.h"
+#include "ops/linear.h"
 
 namespace flowkv {
 
@@ -59,6 +61,32 @@ void unknown(const CheckpointScan& scan, InspectReport& r) {
                        " transformers");
 }
 
+// The memory figures of the report: weights as Linear would hold them at the automatic compute
+// type, and the cost model's KV and activations for a 1024x1024 image with one 1024x1024
+// reference and 512 text tokens.
+void predict_memory(const CheckpointScan& scan, InspectReport& r) {
+  bool all_bf16 = !scan.tensors.empty();
+  for (const auto& [name, t] : scan.tensors) all_bf16 &= t.dtype_known && t.dtype == DType::kBF16;
+  const DType compute = all_bf16 ? DType::kBF16 : DType::kF32;
+  for (const auto& [name, t] : scan.tensors) {
+    r.held_weight_bytes += t.dtype_known ? ops::held_weight_bytes(t.dtype, t.shape, compute)
+                                         : 4 * shape_numel(t.shape);
+  }
+  try {
+    PredictRequest q;
+    q.model = r.path;
+    q.text_tokens = 512;
+    q.target_tokens = 4096;
+    q.ref_tokens = {4096};
+    const KVPrediction p = predict(q);
+    r.memory_request = "1024x1024 image, one 1024x1024 reference, 512 text tokens";
+    r.request_kv_bytes = p.kv_bytes;
+    r.request_activation_bytes = p.activation_bytes;
+  } catch (const Error& e) {
+    r.memory_request = std::string("not predicted: ") + e.what();
+  }
+}
+
 }  // namespace
 
 InspectReport inspect(const std::string& path, const InspectOptions& opts) {
@@ -83,6 +111,7 @@ InspectReport inspect(const std::string& path, const InspectOptions& opts) {
   for (const auto& [name, t] : scan.tensors) r.parameters += shape_numel(t.shape);
   if (const families::Family* f = families::for_scan(scan)) {
     f->inspect(scan, r);
+    predict_memory(scan, r);
   } else {
     unknown(scan, r);
   }
@@ -110,6 +139,15 @@ std::string format_report(const InspectReport& r) {
   o << "bytes:     ";
   for (const auto& [dt, b] : r.bytes_by_dtype) o << " " << dt << " " << b << " (" << gib(b) << ")";
   o << "\n";
+  if (r.held_weight_bytes > 0) {
+    o << "memory:     weights " << gib(r.held_weight_bytes) << " as held";
+    if (r.request_kv_bytes + r.request_activation_bytes > 0) {
+      o << " + KV " << gib(r.request_kv_bytes) << " + activations "
+        << gib(r.request_activation_bytes) << " = "
+        << gib(r.held_weight_bytes + r.request_kv_bytes + r.request_activation_bytes);
+    }
+    o << " (" << r.memory_request << ")\n";
+  }
   if (!r.metadata.empty()) {
     o << "metadata:   " << r.metadata.size() << " keys\n";
     for (const std::string& m : r.metadata) o << "  " << m << "\n";

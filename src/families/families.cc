@@ -154,6 +154,9 @@ KVPrediction prediction(const std::string& model, const cost::ModelShape& shape,
   p.cached_step_flops = p.branches * k.total();
   p.speedup = cost::predicted_speedup(u.total(), k.total(), steps);
   p.kv_bytes = cost::kv_payload_bytes(shape, cached_tokens, p.branches);
+  int64_t tokens = 0;
+  for (const auto& seg : layout.segments) tokens += seg.tokens;
+  p.activation_bytes = cost::activation_bytes(shape, p.branches, tokens);
   return p;
 }
 
