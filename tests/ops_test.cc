@@ -176,19 +176,23 @@ TEST(Ops, LinearStridedViewsAndRowIndependence) {
   EXPECT_EQ(y[n], -1.0f);  // the spare columns are untouched
 }
 
-TEST(Ops, LinearIsBitIdenticalForOneAndTwoThreads) {
+void expect_same_on_one_and_two_threads(const ops::Linear& lin, std::vector<float>& x, int64_t m,
+                                        int64_t n, int64_t k) {
   Ctx c;
+  std::vector<float> a(m * n), b(m * n);
+  set_num_threads(1);
+  lin.forward(c.fast, make_mat(x.data(), m, k), make_mat(a.data(), m, n));
+  set_num_threads(2);
+  lin.forward(c.fast, make_mat(x.data(), m, k), make_mat(b.data(), m, n));
+  set_num_threads(0);
+  EXPECT_TRUE(test::bit_equal(a.data(), b.data(), m * n)) << dtype_name(lin.compute_dtype());
+}
+
+TEST(Ops, LinearIsBitIdenticalForOneAndTwoThreads) {
   const int64_t m = 517, n = 700, k = 300;
   auto w = randn(n * k, 17, 0.1f), x = randn(m * k, 18);
   for (DType dt : {DType::kF32, DType::kBF16}) {
-    ops::Linear lin(Tensor::from_vector(w, {n, k}), dt);
-    std::vector<float> a(m * n), b(m * n);
-    set_num_threads(1);
-    lin.forward(c.fast, make_mat(x.data(), m, k), make_mat(a.data(), m, n));
-    set_num_threads(2);
-    lin.forward(c.fast, make_mat(x.data(), m, k), make_mat(b.data(), m, n));
-    set_num_threads(0);
-    EXPECT_TRUE(test::bit_equal(a.data(), b.data(), m * n)) << dtype_name(dt);
+    expect_same_on_one_and_two_threads(ops::Linear(Tensor::from_vector(w, {n, k}), dt), x, m, n, k);
   }
 }
 
@@ -276,17 +280,10 @@ TEST(Ops, NarrowWeightsMatchThePackedPath) {
 }
 
 TEST(Ops, NarrowWeightsAreBitIdenticalForOneAndTwoThreads) {
-  Ctx c;
   const int64_t m = 2100, n = 300, k = 270;  // from 2,048 rows the rows split too
   auto w = randn(n * k, 35, 0.1f), x = randn(m * k, 36);
-  ops::Linear lin(narrow_weights(w, n, k, DType::kBF16), DType::kF32);
-  std::vector<float> a(m * n), b(m * n);
-  set_num_threads(1);
-  lin.forward(c.fast, make_mat(x.data(), m, k), make_mat(a.data(), m, n));
-  set_num_threads(2);
-  lin.forward(c.fast, make_mat(x.data(), m, k), make_mat(b.data(), m, n));
-  set_num_threads(0);
-  EXPECT_TRUE(test::bit_equal(a.data(), b.data(), m * n));
+  expect_same_on_one_and_two_threads(
+      ops::Linear(narrow_weights(w, n, k, DType::kBF16), DType::kF32), x, m, n, k);
 }
 
 // Attention with several sources, causal runs and key masks.

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <vector>
 
 #include "commands.h"
 #include "flowkv/error.h"
@@ -105,7 +106,7 @@ void add_forward(CLI::App& app) {
   struct Opts {
     std::string model, builtin = "tiny", dtype = "auto", grid = "16x16", against;
     int64_t text = 64;
-    int steps = 0, refs = 0;
+    int steps = 0, refs = 0, runs = 1;
     uint64_t seed = 0;
     bool check_finite = false;
   };
@@ -124,6 +125,8 @@ void add_forward(CLI::App& app) {
   cmd->add_option("--seed", o->seed, "seed of the built-in weights and of the inputs");
   cmd->add_flag("--check-finite", o->check_finite,
                 "fail naming the first intermediate that holds NaN or infinity (slower)");
+  cmd->add_option("--runs", o->runs, "forwards to time after the first (median printed)")
+      ->check(CLI::Range(1, 1000));
   cmd->add_option("--against", o->against, "reference checkpoint (f32 compute) to compare with");
   cmd->add_option("--steps", o->steps, "with --against: compare an N-step denoise instead")
       ->check(CLI::Range(0, 1000));
@@ -156,6 +159,16 @@ void add_forward(CLI::App& app) {
       std::printf("time:     load %.3f s, forward %.3f s\n",
                   std::chrono::duration<double>(t1 - t0).count(),
                   std::chrono::duration<double>(t2 - t1).count());
+      if (o->runs > 1) {
+        std::vector<double> times;
+        for (int r = 0; r < o->runs; ++r) {
+          const auto a = std::chrono::steady_clock::now();
+          (void)forward(m, in, {.sigma = 0.75f});
+          times.push_back(
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count());
+        }
+        std::printf("runs:     %d more forwards, median %.3f s\n", o->runs, median(times));
+      }
       if (!o->against.empty())
         compare_against(m, o->against, h, w, o->text, o->seed, o->steps, o->refs, out);
       return 0;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "core/mat.h"
 #include "ops/int8_linear.h"
@@ -35,6 +36,13 @@ using GemmFn = void (*)(const Act& a, const Int8Weights& w, int64_t m0, int64_t 
 // Quantizes rows [r0, r0 + rows) of x into a (rows at or past x.rows as zeros), as
 // quantize_block_int8 does, bit for bit.
 void pack_rows_avx2(Mat x, int64_t r0, int64_t rows, const Int8Weights& w, const Act& a);
+
+// Four packed int8 values as one int32 (an unaligned load).
+inline int32_t load32(const void* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
 
 inline constexpr int64_t kRowsAvx2 = 5;  // row tile of the AVX2 kernel
 inline constexpr int64_t kRowsVnni = 8;  // row tile of the AVX-512 VNNI kernel

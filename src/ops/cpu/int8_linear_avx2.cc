@@ -18,12 +18,6 @@ namespace flowkv::ops::int8 {
 
 namespace {
 
-inline int32_t load32(const void* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-
 // c = c + (sx * sw) * float(dot), c starting from 0.0f at block 0 (as the reference).
 inline void update_row(float sx, __m256 sw0, __m256 sw1, __m256i d0, __m256i d1, bool first,
                        float* ci) {

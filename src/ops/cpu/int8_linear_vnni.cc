@@ -17,12 +17,6 @@ namespace flowkv::ops::int8 {
 
 namespace {
 
-inline int32_t load32(const void* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-
 // kRowsVnni rows x NP panels (16 outputs each, one vector), over one K block.
 template <int MR, int NP>
 inline void tile(const Act& a, const Int8Weights& w, int64_t m, int64_t b, int64_t p, float* c,
