@@ -52,7 +52,7 @@ def main() -> None:
     ap.add_argument("--flowkv", default="build/tools/flowkv")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--runs", type=int, default=3, help="forwards per flowkv process")
+    ap.add_argument("--runs", type=int, default=2, help="timed forwards per flowkv process (>= 2)")
     ap.add_argument("--dir", default="/tmp/flowkv_torch_block")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)

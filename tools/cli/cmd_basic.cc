@@ -128,7 +128,8 @@ void add_forward(CLI::App& app) {
   cmd->add_option("--runs", o->runs, "forwards to time after the first (median printed)")
       ->check(CLI::Range(1, 1000));
   cmd->add_option("--against", o->against, "reference checkpoint (f32 compute) to compare with");
-  cmd->add_option("--steps", o->steps, "with --against: compare an N-step denoise instead")
+  cmd->add_option("--steps", o->steps,
+                  "also run an N-step denoise (with --against: compare its final latents)")
       ->check(CLI::Range(0, 1000));
   cmd->add_option("--refs", o->refs, "with --steps: reference images (the target's grid)")
       ->check(CLI::Range(0, 8));
@@ -169,8 +170,20 @@ void add_forward(CLI::App& app) {
         }
         std::printf("runs:     %d more forwards, median %.3f s\n", o->runs, median(times));
       }
-      if (!o->against.empty())
+      if (!o->against.empty()) {
         compare_against(m, o->against, h, w, o->text, o->seed, o->steps, o->refs, out);
+      } else if (o->steps > 0) {
+        ExampleShape shape{.text_tokens = o->text, .height = h, .width = w, .seed = o->seed};
+        for (int i = 0; i < o->refs; ++i) shape.references.push_back({h, w});
+        DenoiseOptions opts;
+        opts.steps = o->steps;
+        const DenoiseResult r = denoise(m, example_inputs(m, shape), opts);
+        std::printf(
+            "denoise:  %d steps, %d reference(s): %.3f s, KV %.3f GiB, latents hash %016lx\n",
+            o->steps, o->refs, r.loop_seconds,
+            static_cast<double>(r.kv_bytes) / double(int64_t{1} << 30),
+            fnv1a(r.latents.raw(), static_cast<size_t>(r.latents.nbytes())));
+      }
       return 0;
     }));
   });
