@@ -47,6 +47,9 @@ class Tensor {
   Tensor reshape(Shape shape) const;
   // An independent f32 copy, converting from any dtype.
   Tensor to_f32() const;
+  // An independent copy in type t: rounded to nearest even (BF16, F16), or quantized row by row
+  // as ggml's reference quantizers do (the last dimension must be whole blocks of t).
+  Tensor to(DType t) const;
   Tensor clone() const;
 
  private:

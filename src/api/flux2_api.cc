@@ -26,8 +26,9 @@ flux2::Config builtin_or_fail(const std::string& name) {
 
 Flux2Transformer Flux2Transformer::load(const std::string& path, const Flux2LoadOptions& opts) {
   auto impl = std::make_shared<Impl>();
-  impl->model = flux2::Model::load(path, parse_dtype_option(opts.dtype));
-  impl->int8 = parse_dtype_option(opts.dtype).int8;
+  const flux2::LoadOptions o = parse_dtype_option(opts.dtype);
+  impl->model = flux2::Model::load(path, o);
+  impl->int8 = o.int8;
   impl->variant = flux2::variant_name(impl->model.config());
   Flux2Transformer t;
   t.impl_ = std::move(impl);

@@ -10,23 +10,10 @@
 #include "flowkv/limits.h"
 #include "flowkv/runtime.h"
 #include "ops/linear.h"
-#include "quant/quant.h"
 
 namespace flowkv {
 
 namespace {
-
-// Weights of the given type holding (a rounding of) w: what a checkpoint of that type holds.
-Tensor stored_as(const Tensor& w, DType t) {
-  if (t == DType::kF32) return w;
-  Tensor out = Tensor::empty(w.shape(), t);
-  const int64_t rows = w.dim(0), cols = w.dim(1), row_bytes = dtype_bytes(t, cols);
-  for (int64_t r = 0; r < rows; ++r) {
-    quant::quantize_row(t, w.f32() + r * cols, static_cast<std::byte*>(out.raw()) + r * row_bytes,
-                        cols);
-  }
-  return out;
-}
 
 double nmse(const std::vector<float>& y, const std::vector<float>& ref) {
   double num = 0, den = 0;
@@ -68,7 +55,7 @@ std::vector<GemmTiming> time_gemm(int64_t m, int64_t k, int64_t n,
   std::vector<GemmTiming> out(variants.size());
   for (size_t i = 0; i < variants.size(); ++i) {
     const GemmVariant& v = variants[i];
-    layers.emplace_back(stored_as(w, v.weights), ops::Compute{DType::kF32, v.compute == "int8"});
+    layers.emplace_back(w.to(v.weights), ops::Compute{DType::kF32, v.compute == "int8"});
     layers[i].forward(ctx, make_mat(x.data(), m, k), make_mat(y.data(), m, n));  // warm-up
     out[i].nmse = nmse(y, ref);
     out[i].weight_bytes = layers[i].packed_bytes();

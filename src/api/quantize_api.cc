@@ -8,7 +8,6 @@
 #include "flowkv/io.h"
 #include "io/checkpoint.h"
 #include "io/gguf.h"
-#include "quant/quant.h"
 
 namespace flowkv {
 
@@ -22,19 +21,6 @@ DType target_type(const TensorInfo& t, DType type) {
     if (t.shape[1] % dtype_block(c) == 0) return c;
   }
   return DType::kF16;
-}
-
-// The tensor's values in type `to`, row by row, into owned bytes.
-std::vector<std::byte> convert(const Tensor& t, DType to) {
-  const Tensor f = t.to_f32();
-  const int64_t cols = t.ndim() == 0 ? 1 : t.shape().back();
-  const int64_t rows = cols == 0 ? 0 : t.numel() / cols;
-  std::vector<std::byte> out(static_cast<size_t>(dtype_bytes(to, t.numel())));
-  const int64_t row_bytes = dtype_bytes(to, cols);
-  for (int64_t r = 0; r < rows; ++r) {
-    quant::quantize_row(to, f.f32() + r * cols, out.data() + r * row_bytes, cols);
-  }
-  return out;
 }
 
 }  // namespace
@@ -54,18 +40,18 @@ QuantizeReport quantize_checkpoint(const std::string& in, const std::string& out
   if (scan.config) meta.emplace_back("flowkv.config", GgufValue::string(scan.config->dump()));
   const CheckpointReader reader(scan);
   QuantizeReport rep;
-  std::vector<std::vector<std::byte>> data;
+  std::vector<Tensor> data;
   std::vector<TensorToWrite> tensors;
   data.reserve(scan.tensors.size());
   for (const auto& [name, info] : scan.tensors) {
     const DType to = target_type(info, type);
-    data.push_back(convert(reader.get(name), to));
-    tensors.push_back({name, to, info.shape, data.back().data()});
+    data.push_back(reader.get(name).to(to));
+    tensors.push_back({name, to, info.shape, data.back().raw()});
     rep.tensors += 1;
     rep.quantized += to == type ? 1 : 0;
     rep.fallback += info.shape.size() == 2 && to != type ? 1 : 0;
     rep.bytes_in += info.end - info.begin;
-    rep.bytes_out += static_cast<int64_t>(data.back().size());
+    rep.bytes_out += data.back().nbytes();
     if (progress) progress(rep.tensors, static_cast<int64_t>(scan.tensors.size()));
   }
   write_gguf(out, meta, tensors);

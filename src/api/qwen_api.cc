@@ -29,8 +29,9 @@ std::string describe(const qwen::Config21& c) {
 QwenImage21Transformer QwenImage21Transformer::load(const std::string& path,
                                                     const std::string& dtype) {
   auto impl = std::make_shared<Impl>();
-  impl->model = qwen::Model21::load(path, options21(dtype));
-  impl->int8 = options21(dtype).int8;
+  const qwen::LoadOptions21 o = options21(dtype);
+  impl->model = qwen::Model21::load(path, o);
+  impl->int8 = o.int8;
   impl->variant = describe(impl->model.config());
   QwenImage21Transformer t;
   t.impl_ = std::move(impl);

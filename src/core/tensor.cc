@@ -165,6 +165,19 @@ Tensor Tensor::to_f32() const {
   return out;
 }
 
+Tensor Tensor::to(DType t) const {
+  if (t == DType::kF32) return to_f32();
+  const Tensor f = to_f32();
+  Tensor out = empty(shape_, t);
+  const int64_t cols = shape_.empty() ? 1 : shape_.back();
+  const int64_t row_bytes = dtype_bytes(t, cols);
+  auto* dst = static_cast<std::byte*>(out.data_);
+  for (int64_t r = 0; cols > 0 && r < f.numel() / cols; ++r) {
+    quant::quantize_row(t, f.f32() + r * cols, dst + r * row_bytes, cols);
+  }
+  return out;
+}
+
 Tensor Tensor::clone() const {
   Tensor out = empty(shape_, dtype_);
   std::memcpy(out.data_, data_, static_cast<size_t>(nbytes()));

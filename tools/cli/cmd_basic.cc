@@ -61,12 +61,17 @@ void add_inspect(CLI::App& app) {
 namespace {
 // Runs the reference model on the same inputs (a forward, or an N-step denoise) and prints the
 // error of `m` against it: NMSE, and PSNR over the reference's peak-to-peak range.
+// The forward's inputs with `refs` reference images of the target's grid (for a denoise).
+ExampleShape request_shape(int64_t h, int64_t w, int64_t text, uint64_t seed, int refs) {
+  ExampleShape shape{.text_tokens = text, .height = h, .width = w, .seed = seed};
+  for (int i = 0; i < refs; ++i) shape.references.push_back({h, w});
+  return shape;
+}
+
 void compare_against(const Model& m, const std::string& ref_path, int64_t h, int64_t w,
                      int64_t text, uint64_t seed, int steps, int refs, const Tensor& out) {
   const Model ref = Model::load(ref_path, "f32");
-  ExampleShape shape{.text_tokens = text, .height = h, .width = w, .seed = seed};
-  for (int i = 0; i < refs; ++i) shape.references.push_back({h, w});
-  const DenoiseInputs in = example_inputs(ref, shape);
+  const DenoiseInputs in = example_inputs(ref, request_shape(h, w, text, seed, refs));
   Tensor a = out, b;
   if (steps > 0) {
     DenoiseOptions opts;
@@ -173,11 +178,10 @@ void add_forward(CLI::App& app) {
       if (!o->against.empty()) {
         compare_against(m, o->against, h, w, o->text, o->seed, o->steps, o->refs, out);
       } else if (o->steps > 0) {
-        ExampleShape shape{.text_tokens = o->text, .height = h, .width = w, .seed = o->seed};
-        for (int i = 0; i < o->refs; ++i) shape.references.push_back({h, w});
         DenoiseOptions opts;
         opts.steps = o->steps;
-        const DenoiseResult r = denoise(m, example_inputs(m, shape), opts);
+        const DenoiseResult r =
+            denoise(m, example_inputs(m, request_shape(h, w, o->text, o->seed, o->refs)), opts);
         std::printf(
             "denoise:  %d steps, %d reference(s): %.3f s, KV %.3f GiB, latents hash %016lx\n",
             o->steps, o->refs, r.loop_seconds,
