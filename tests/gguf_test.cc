@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
@@ -17,6 +18,8 @@
 #include "hwy/targets.h"
 #include "io/checkpoint.h"
 #include "io/gguf.h"
+#include "models/qwen_image/config.h"
+#include "models/qwen_image/weights.h"
 #include "quant/quant.h"
 #include "temp_files.h"
 #include "test_util.h"
@@ -568,6 +571,75 @@ TEST(GgufModels, QuantizedCheckpointsLoadAndRunEveryFamily) {
       EXPECT_TRUE(test::bit_equal(out.f32(), again.f32(), out.numel()));
     }
   }
+}
+
+// GGUF conversions in circulation carry no config: the Qwen families are recognised by their
+// tensors and their config is inferred from the shapes. A Qwen-Image-2.1 file without a config
+// loads as the model it was made from and runs like it; causal_condition (not in the shapes)
+// takes the released value, and inspect says it assumed so.
+TEST(GgufModels, Qwen21WithoutConfigIsInferredFromShapes) {
+  test::TempDir dir;
+  const std::string src = dir.path().string() + "/model";
+  export_builtin("qwen21-small", 3, "f32", src);
+  const std::string bare = dir.path().string() + "/bare.safetensors";
+  std::filesystem::copy_file(src + "/diffusion_pytorch_model.safetensors", bare);
+  const std::string file = dir.path().string() + "/qwen21-small-q8_0.gguf";
+  quantize_checkpoint(bare, file, DType::kQ8_0);
+  EXPECT_FALSE(read_gguf_header(file).find("flowkv.config")) << "the test needs a config-less file";
+
+  const InspectReport r = inspect(file);
+  EXPECT_TRUE(r.ok()) << format_report(r);
+  EXPECT_EQ(r.family, "Qwen-Image-2.1");
+  EXPECT_TRUE(r.config_inferred);
+  EXPECT_NE(r.variant.find("causal_condition assumed true"), std::string::npos) << r.variant;
+
+  const Model ref_model = Model::load(src);
+  const Model m = Model::load(file);
+  EXPECT_EQ(m.family().name, ref_model.family().name);
+  EXPECT_EQ(m.config_json(), ref_model.config_json());
+  const DenoiseInputs in = example_inputs(
+      ref_model, {.text_tokens = 8, .height = 4, .width = 4, .references = {}, .seed = 5});
+  const double e = nmse_of(forward(m, in), forward(ref_model, in));
+  EXPECT_GT(e, 0.0);
+  EXPECT_LT(e, 1e-3);
+  EXPECT_NO_THROW(predict({.model = file, .text_tokens = 16, .target_tokens = 64}));
+}
+
+// A head dim without released RoPE axes cannot be inferred: the error says what to add.
+TEST(GgufModels, QwenConfigThatShapesCannotTellIsAClearError) {
+  test::TempDir dir;
+  const std::string src = dir.path().string() + "/model";
+  export_builtin("qwen21-tiny", 3, "f32", src);  // head dim 32
+  const std::string bare = dir.path().string() + "/bare.safetensors";
+  std::filesystem::copy_file(src + "/diffusion_pytorch_model.safetensors", bare);
+  test::expect_error([&] { Model::load(bare); }, {"axes_dims_rope", "config.json"});
+}
+
+// A config-less Qwen-Image (dual-stream) file: recognised, its config inferred, its cost
+// predicted (flowkv does not run Qwen-Image).
+TEST(GgufModels, QwenImageWithoutConfigIsInspectedAndPredicted) {
+  qwen::ConfigQwenImage c;
+  c.num_layers = 2;
+  c.num_attention_heads = 1;
+  c.joint_attention_dim = 32;
+  std::vector<TensorToWrite> list;
+  for (const ExpectedTensor& e : qwen::weight_table(c))
+    list.push_back({e.name, DType::kF32, e.shape});
+  std::vector<std::vector<float>> zeros;
+  for (TensorToWrite& t : list) {
+    zeros.emplace_back(static_cast<size_t>(shape_numel(t.shape)), 0.0f);
+    t.data = zeros.back().data();
+  }
+  test::TempDir dir;
+  const std::string file = dir.path().string() + "/qwen-image.gguf";
+  write_gguf(file, {}, list);
+  const InspectReport r = inspect(file);
+  EXPECT_TRUE(r.ok()) << format_report(r);
+  EXPECT_EQ(r.family, "Qwen-Image");
+  EXPECT_TRUE(r.config_inferred);
+  EXPECT_EQ(parse_json(r.config_json, "report"), parse_json(c.to_json().dump(), "table"));
+  const KVPrediction p = predict({.model = file, .text_tokens = 16, .target_tokens = 64});
+  EXPECT_GT(p.uncached_step_flops, 0);
 }
 
 }  // namespace

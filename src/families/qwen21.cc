@@ -133,7 +133,8 @@ DenoiseInputs Qwen21Model::example_inputs(const ExampleShape& s) const {
   return in;
 }
 
-// A released shape, a built-in model, or the config of a config.json / checkpoint folder.
+// A released shape, a built-in model, or the config of a config.json / checkpoint (inferred from
+// its shapes when it has none).
 qwen::Config21 config_of_model(const std::string& model, std::string* name) {
   if (model == "qwen-image-2.1" || model == "qwen-image-2.1-no-causal") {
     qwen::Config21 c;
@@ -147,8 +148,7 @@ qwen::Config21 config_of_model(const std::string& model, std::string* name) {
     return c;
   }
   const std::optional<Json> j = config_of(model);
-  FLOWKV_CHECK(j, model, ": no config.json found");
-  c = qwen::Config21::from_json(*j, model);
+  c = j ? qwen::Config21::from_json(*j, model) : qwen::config21_of(scan_checkpoint(model));
   *name = describe(c);
   return c;
 }
@@ -189,16 +189,23 @@ std::optional<TokenLayout> layout_of(const std::string& model, int64_t text,
 void inspect_files(const CheckpointScan& scan, InspectReport& r) {
   r.family = "Qwen-Image-2.1";
   try {
-    const qwen::Config21 c = qwen::Config21::from_json(*scan.config, scan.path + "/config.json");
+    const qwen::Config21 c = qwen::config21_of(scan, &r.config_inferred);
     r.config_json = c.to_json().dump();
     r.variant =
         "Qwen-Image-2.1 (" + std::to_string(c.num_layers) + " blocks, width " +
         std::to_string(c.dim()) + "); exact prefix cache " +
         (c.causal_condition ? "available (causal_condition)" : "unavailable (no causal_condition)");
+    // Not a problem of the files, but an assumption the user should see.
+    if (r.config_inferred) {
+      r.variant +=
+          " [no config: causal_condition assumed true, as released; put a config.json "
+          "beside the weights if it was trained without]";
+    }
     for (const std::string& p : check_against_table(scan.tensors, qwen::weight_table(c)))
       r.problems.push_back(p);
   } catch (const Error& e) {
     r.problems.push_back(e.what());
+    r.variant = "Qwen-Image-2.1 of an unknown configuration";
   }
 }
 
@@ -248,6 +255,7 @@ Family qwen21_family() {
   Family f;
   f.info = info();
   f.detects = [](const Json& j) { return qwen::class_name(j) == kClass; };
+  f.detects_tensors = [](const CheckpointScan& scan) { return qwen::holds_qwen21(scan.tensors); };
   f.has_builtin = [](const std::string& name) {
     qwen::Config21 c;
     return qwen::builtin_config21(name, &c);

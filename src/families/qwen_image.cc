@@ -17,11 +17,13 @@ std::string describe(const qwen::ConfigQwenImage& c) {
          std::to_string(c.dim()) + ")";
 }
 
+// The released shape, a config.json, or a checkpoint (its config, else inferred from shapes).
 qwen::ConfigQwenImage config_of_model(const std::string& model) {
   if (model == "qwen-image") return {};
-  const std::optional<Json> j = config_of(model);
-  FLOWKV_CHECK(j, model, ": no config.json found");
-  return qwen::ConfigQwenImage::from_json(*j, model);
+  if (const std::optional<Json> j = config_of(model)) {
+    return qwen::ConfigQwenImage::from_json(*j, model);
+  }
+  return qwen::config_qwen_image_of(scan_checkpoint(model));
 }
 
 // Nothing is cached: the prediction names the model and costs every step in full.
@@ -36,8 +38,7 @@ KVPrediction predict_shape(const PredictRequest& r) {
 void inspect_files(const CheckpointScan& scan, InspectReport& r) {
   r.family = "Qwen-Image";
   try {
-    const qwen::ConfigQwenImage c =
-        qwen::ConfigQwenImage::from_json(*scan.config, scan.path + "/config.json");
+    const qwen::ConfigQwenImage c = qwen::config_qwen_image_of(scan, &r.config_inferred);
     r.config_json = c.to_json().dump();
     r.variant = "Qwen-Image (" + std::to_string(c.num_layers) + " dual-stream blocks, width " +
                 std::to_string(c.dim()) + "); no exact conditioning cache";
@@ -45,6 +46,7 @@ void inspect_files(const CheckpointScan& scan, InspectReport& r) {
       r.problems.push_back(p);
   } catch (const Error& e) {
     r.problems.push_back(e.what());
+    r.variant = "Qwen-Image of an unknown configuration";
   }
 }
 
@@ -66,6 +68,9 @@ Family qwen_image_family() {
   Family f;
   f.info = info();
   f.detects = [](const Json& j) { return qwen::class_name(j) == kClass; };
+  f.detects_tensors = [](const CheckpointScan& scan) {
+    return qwen::holds_qwen_image(scan.tensors);
+  };
   f.has_builtin = [](const std::string&) { return false; };
   f.load = [](const std::string& path, const std::string&) -> std::shared_ptr<const FamilyModel> {
     fail(path,

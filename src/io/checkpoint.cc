@@ -9,6 +9,7 @@
 #include "core/checked.h"
 #include "core/memory.h"
 #include "flowkv/error.h"
+#include "flowkv/limits.h"
 #include "io/atomic_file.h"
 #include "io/mapped_file.h"
 
@@ -331,6 +332,26 @@ Tensor CheckpointReader::get(const std::string& name) const {
   FLOWKV_CHECK(bad < 0, info.file, ": tensor '", info.name, "' holds NaN or infinity at element ",
                bad, "; the checkpoint is corrupt or was saved after training diverged");
   return t;
+}
+
+int64_t count_blocks(const std::map<std::string, TensorInfo>& t, const std::string& prefix) {
+  int64_t count = 0;
+  for (const auto& [name, info] : t) {
+    if (name.rfind(prefix, 0) != 0) continue;
+    const size_t dot = name.find('.', prefix.size());
+    const std::string idx = name.substr(prefix.size(), dot - prefix.size());
+    if (idx.empty() || idx.find_first_not_of("0123456789") != std::string::npos) continue;
+    FLOWKV_CHECK(idx.size() <= 6 && std::stoll(idx) < limits::kMaxBlocks, info.file, ": tensor '",
+                 name, "' has block index ", idx, ", beyond the limit of ", limits::kMaxBlocks,
+                 " blocks");
+    count = std::max<int64_t>(count, std::stoll(idx) + 1);
+  }
+  return count;
+}
+
+const TensorInfo* find_tensor(const std::map<std::string, TensorInfo>& t, const std::string& name) {
+  auto it = t.find(name);
+  return it == t.end() ? nullptr : &it->second;
 }
 
 }  // namespace flowkv

@@ -63,6 +63,15 @@ void check_weights_fit(const std::vector<ExpectedTensor>& table,
 std::vector<std::string> check_against_table(const std::map<std::string, TensorInfo>& tensors,
                                              const std::vector<ExpectedTensor>& expected);
 
+// One more than the largest block index among tensor names "<prefix><index>.<...>" (0 when
+// none): the block count of a checkpoint without a config. An index beyond flowkv's block limit
+// is an Error naming the tensor.
+int64_t count_blocks(const std::map<std::string, TensorInfo>& tensors, const std::string& prefix);
+
+// The tensor of that name, or nullptr.
+const TensorInfo* find_tensor(const std::map<std::string, TensorInfo>& tensors,
+                              const std::string& name);
+
 // Joins problem lines into one error message, listing at most `max_lines` of them.
 std::string format_problems(const std::string& headline, const std::vector<std::string>& lines,
                             size_t max_lines = 40);

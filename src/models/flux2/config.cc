@@ -9,6 +9,7 @@
 #include "core/boundary.h"
 #include "flowkv/error.h"
 #include "flowkv/limits.h"
+#include "io/checkpoint.h"
 
 namespace flowkv::flux2 {
 
@@ -111,48 +112,22 @@ Json Config::to_json() const {
   return j;
 }
 
-namespace {
-
-const TensorInfo* find(const std::map<std::string, TensorInfo>& t, const std::string& name) {
-  auto it = t.find(name);
-  return it == t.end() ? nullptr : &it->second;
-}
-
-// One more than the largest block index among names "<prefix><index>.<...>". An index beyond
-// the block limit is a problem of the files, reported by name.
-int64_t count_blocks(const std::map<std::string, TensorInfo>& t, const std::string& prefix) {
-  int64_t count = 0;
-  for (const auto& [name, info] : t) {
-    if (name.rfind(prefix, 0) != 0) continue;
-    const size_t dot = name.find('.', prefix.size());
-    const std::string idx = name.substr(prefix.size(), dot - prefix.size());
-    if (idx.empty() || idx.find_first_not_of("0123456789") != std::string::npos) continue;
-    FLOWKV_CHECK(idx.size() <= 6 && std::stoll(idx) < limits::kMaxBlocks, info.file, ": tensor '",
-                 name, "' has block index ", idx, ", beyond the limit of ", limits::kMaxBlocks,
-                 " blocks");
-    count = std::max<int64_t>(count, std::stoll(idx) + 1);
-  }
-  return count;
-}
-
-}  // namespace
-
 Config infer_config(const std::map<std::string, TensorInfo>& t) {
   Config c;
-  if (const TensorInfo* x = find(t, "x_embedder.weight"); x && x->shape.size() == 2) {
+  if (const TensorInfo* x = find_tensor(t, "x_embedder.weight"); x && x->shape.size() == 2) {
     c.in_channels = x->shape[1];
   }
-  if (const TensorInfo* x = find(t, "context_embedder.weight"); x && x->shape.size() == 2) {
+  if (const TensorInfo* x = find_tensor(t, "context_embedder.weight"); x && x->shape.size() == 2) {
     c.joint_attention_dim = x->shape[1];
   }
   int64_t dim = 0;
-  if (const TensorInfo* x = find(t, "x_embedder.weight"); x && x->shape.size() == 2) {
+  if (const TensorInfo* x = find_tensor(t, "x_embedder.weight"); x && x->shape.size() == 2) {
     dim = x->shape[0];
   }
   int64_t hd = 0;
   for (const char* n : {"transformer_blocks.0.attn.norm_q.weight",
                         "single_transformer_blocks.0.attn.norm_q.weight"}) {
-    if (const TensorInfo* x = find(t, n); x && x->shape.size() == 1) hd = x->shape[0];
+    if (const TensorInfo* x = find_tensor(t, n); x && x->shape.size() == 1) hd = x->shape[0];
   }
   if (hd > 0) {
     c.attention_head_dim = hd;
@@ -162,19 +137,20 @@ Config infer_config(const std::map<std::string, TensorInfo>& t) {
   }
   c.num_layers = count_blocks(t, "transformer_blocks.");
   c.num_single_layers = count_blocks(t, "single_transformer_blocks.");
-  if (const TensorInfo* x = find(t, "transformer_blocks.0.ff.linear_in.weight");
+  if (const TensorInfo* x = find_tensor(t, "transformer_blocks.0.ff.linear_in.weight");
       x && dim > 0 && x->shape.size() == 2) {
     c.mlp_ratio = static_cast<double>(x->shape[0] / 2) / static_cast<double>(dim);
-  } else if (const TensorInfo* s = find(t, "single_transformer_blocks.0.attn.to_out.weight");
+  } else if (const TensorInfo* s = find_tensor(t, "single_transformer_blocks.0.attn.to_out.weight");
              s && dim > 0 && s->shape.size() == 2) {
     c.mlp_ratio = static_cast<double>(s->shape[1] - dim) / static_cast<double>(dim);
   }
-  if (const TensorInfo* x = find(t, "time_guidance_embed.timestep_embedder.linear_1.weight");
+  if (const TensorInfo* x = find_tensor(t, "time_guidance_embed.timestep_embedder.linear_1.weight");
       x && x->shape.size() == 2) {
     c.timestep_guidance_channels = x->shape[1];
   }
-  c.guidance_embeds = find(t, "time_guidance_embed.guidance_embedder.linear_1.weight") != nullptr;
-  if (const TensorInfo* x = find(t, "proj_out.weight"); x && x->shape.size() == 2) {
+  c.guidance_embeds =
+      find_tensor(t, "time_guidance_embed.guidance_embedder.linear_1.weight") != nullptr;
+  if (const TensorInfo* x = find_tensor(t, "proj_out.weight"); x && x->shape.size() == 2) {
     c.out_channels = x->shape[0] == c.in_channels ? 0 : x->shape[0];
   }
   return c;

@@ -5,6 +5,7 @@
 #include "core/boundary.h"
 #include "flowkv/error.h"
 #include "flowkv/limits.h"
+#include "models/qwen_image/weights.h"
 
 namespace flowkv::qwen {
 
@@ -133,6 +134,87 @@ Json ConfigQwenImage::to_json() const {
   j["zero_cond_t"] = zero_cond_t;
   j["guidance_embeds"] = false;
   return j;
+}
+
+namespace {
+
+// Dimension `axis` of a tensor the inference needs; an Error naming it when absent or not 2-D/1-D
+// as expected.
+int64_t dim_of(const std::map<std::string, TensorInfo>& t, const std::string& name, size_t rank,
+               size_t axis, const std::string& src) {
+  const TensorInfo* x = find_tensor(t, name);
+  FLOWKV_CHECK(x && x->shape.size() == rank, src,
+               ": no config, and its config cannot be inferred: ",
+               x ? "tensor '" + name + "' is not " + std::to_string(rank) + "-D"
+                 : "tensor '" + name + "' is missing");
+  return x->shape[axis];
+}
+
+// Head dim and heads from norm_q and the width; the released RoPE axes need head dim 128.
+void infer_heads(Json& j, int64_t width, int64_t hd, const std::string& src) {
+  FLOWKV_CHECK(hd > 0 && width % hd == 0, src, ": the width ", width,
+               " is not a multiple of norm_q's head dim ", hd);
+  FLOWKV_CHECK(hd == 128, src, ": head dim ", hd,
+               " has no released RoPE axes and the shapes cannot tell axes_dims_rope; put a "
+               "config.json beside the weights");
+  j["attention_head_dim"] = hd;
+  j["num_attention_heads"] = width / hd;
+}
+
+}  // namespace
+
+Config21 infer_config21(const std::map<std::string, TensorInfo>& t, const std::string& source) {
+  const std::string src = source + " (config inferred from shapes)";
+  Json j = Json::object();
+  const int64_t d = dim_of(t, w21::kImgIn, 2, 0, src);
+  j["in_channels"] = dim_of(t, w21::kImgIn, 2, 1, src);  // patch_size 1, as released
+  j["out_channels"] = dim_of(t, w21::kProjOut, 2, 0, src);
+  j["context_in_dim"] = dim_of(t, w21::kTextIn, 2, 1, src);
+  const int64_t m = dim_of(t, block_name(0, w21::kGate), 2, 0, src);
+  FLOWKV_CHECK(d > 0 && m % d == 0, src, ": the MLP width ", m, " is not a multiple of the width ",
+               d);
+  j["mlp_ratio"] = m / d;
+  infer_heads(j, d, dim_of(t, block_name(0, w21::kNormQ), 1, 0, src), src);
+  j["num_layers"] = count_blocks(t, "transformer_blocks.");
+  return Config21::from_json(j, src);
+}
+
+ConfigQwenImage infer_config_qwen_image(const std::map<std::string, TensorInfo>& t,
+                                        const std::string& source) {
+  const std::string src = source + " (config inferred from shapes)";
+  const ConfigQwenImage released;
+  Json j = Json::object();
+  const std::string img_in = std::string(wqi::kImgIn) + ".weight";
+  const int64_t d = dim_of(t, img_in, 2, 0, src);
+  j["in_channels"] = dim_of(t, img_in, 2, 1, src);
+  const int64_t out = dim_of(t, std::string(wqi::kProjOut) + ".weight", 2, 0, src);
+  const int64_t pp = released.patch_size * released.patch_size;  // patch_size 2, as released
+  FLOWKV_CHECK(out % pp == 0, src, ": proj_out's ", out, " outputs are not a multiple of ", pp);
+  j["out_channels"] = out / pp;
+  j["joint_attention_dim"] = dim_of(t, std::string(wqi::kTxtIn) + ".weight", 2, 1, src);
+  infer_heads(j, d, dim_of(t, block_name(0, wqi::kNormQ), 1, 0, src), src);
+  j["num_layers"] = count_blocks(t, "transformer_blocks.");
+  return ConfigQwenImage::from_json(j, src);
+}
+
+bool holds_qwen21(const std::map<std::string, TensorInfo>& t) {
+  return find_tensor(t, w21::kModulation) && find_tensor(t, w21::kTextIn);
+}
+
+bool holds_qwen_image(const std::map<std::string, TensorInfo>& t) {
+  return find_tensor(t, wqi::kTxtNorm) && find_tensor(t, block_name(0, wqi::kImgMod) + ".weight");
+}
+
+Config21 config21_of(const CheckpointScan& scan, bool* inferred) {
+  if (inferred) *inferred = !scan.config;
+  return scan.config ? Config21::from_json(*scan.config, scan.path + "/config.json")
+                     : infer_config21(scan.tensors, scan.path);
+}
+
+ConfigQwenImage config_qwen_image_of(const CheckpointScan& scan, bool* inferred) {
+  if (inferred) *inferred = !scan.config;
+  return scan.config ? ConfigQwenImage::from_json(*scan.config, scan.path + "/config.json")
+                     : infer_config_qwen_image(scan.tensors, scan.path);
 }
 
 }  // namespace flowkv::qwen

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "io/checkpoint.h"
 #include "io/json.h"
 
 namespace flowkv::qwen {
@@ -50,6 +51,22 @@ struct ConfigQwenImage {
   static ConfigQwenImage from_json(const Json& j, const std::string& source);
   Json to_json() const;
 };
+
+// Configs of checkpoints that carry none (GGUF conversions): sizes from the tensors' shapes,
+// validated like a config.json. What shapes cannot tell takes the released value: Qwen-Image-2.1
+// causal_condition=true, Qwen-Image zero_cond_t=false, RoPE axes 16/56/56 (head dim 128 only;
+// another head dim is an Error asking for a config). `source` names the files in errors.
+Config21 infer_config21(const std::map<std::string, TensorInfo>& tensors,
+                        const std::string& source);
+ConfigQwenImage infer_config_qwen_image(const std::map<std::string, TensorInfo>& tensors,
+                                        const std::string& source);
+// True when the tensors are this model's (the names only its files hold).
+bool holds_qwen21(const std::map<std::string, TensorInfo>& tensors);
+bool holds_qwen_image(const std::map<std::string, TensorInfo>& tensors);
+// A scanned checkpoint's config: its config.json, else inferred from the tensors (*inferred
+// says which, when given).
+Config21 config21_of(const CheckpointScan& scan, bool* inferred = nullptr);
+ConfigQwenImage config_qwen_image_of(const CheckpointScan& scan, bool* inferred = nullptr);
 
 // "QwenImage21Transformer2DModel", "QwenImageTransformer2DModel", or "" when unknown.
 std::string class_name(const Json& config);

@@ -528,8 +528,7 @@ Model21 Model21::from_tensors(const std::map<std::string, Tensor>& tensors, cons
 
 Model21 Model21::load(const std::string& path, const LoadOptions21& opts) {
   const CheckpointScan scan = scan_checkpoint(path);
-  FLOWKV_CHECK(scan.config, path, ": a Qwen-Image-2.1 checkpoint needs its config.json");
-  const Config21 c = Config21::from_json(*scan.config, scan.path + "/config.json");
+  const Config21 c = config21_of(scan);
   const auto problems = check_against_table(scan.tensors, weight_table(c));
   FLOWKV_CHECK(
       problems.empty(),

@@ -212,8 +212,7 @@ ModelQwenImage ModelQwenImage::from_tensors(const std::map<std::string, Tensor>&
 
 ModelQwenImage ModelQwenImage::load(const std::string& path, DType dt) {
   const CheckpointScan scan = scan_checkpoint(path);
-  FLOWKV_CHECK(scan.config, path, ": a Qwen-Image checkpoint needs its config.json");
-  const ConfigQwenImage c = ConfigQwenImage::from_json(*scan.config, scan.path + "/config.json");
+  const ConfigQwenImage c = config_qwen_image_of(scan);
   const auto problems = check_against_table(scan.tensors, weight_table(c));
   FLOWKV_CHECK(problems.empty(),
                format_problems(scan.path + " does not hold a Qwen-Image transformer of its config",
