@@ -17,9 +17,15 @@ class Model21;
 
 namespace flowkv::families {
 
-std::unique_ptr<pipeline::DenoiseAdapter> flux2_adapter(const flux2::Model& m,
-                                                        const DenoiseInputs& in,
-                                                        const DenoiseOptions& opts);
+// How a FLUX.2 checkpoint was trained to read its references: Klein 9B KV's rules (references
+// attend to references only, modulated from t = 0: cacheable), or appended to the image stream
+// (Klein 4B / 9B and dev, diffusers Flux2KleinPipeline: every token reads every token at the
+// step's time; nothing is cacheable exactly).
+enum class Flux2References { kKleinKV, kJoint };
+
+std::unique_ptr<pipeline::DenoiseAdapter> flux2_adapter(
+    const flux2::Model& m, const DenoiseInputs& in, const DenoiseOptions& opts,
+    Flux2References refs = Flux2References::kKleinKV);
 std::unique_ptr<pipeline::DenoiseAdapter> qwen21_adapter(const qwen::Model21& m,
                                                          const DenoiseInputs& in,
                                                          const DenoiseOptions& opts);

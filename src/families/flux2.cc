@@ -6,6 +6,7 @@
 #include "families/flux2_impl.h"
 #include "flowkv/error.h"
 #include "io/mapped_file.h"
+#include "io/pipeline_folder.h"
 #include "models/flux2/builtin.h"
 #include "models/flux2/config.h"
 #include "models/flux2/layout.h"
@@ -50,13 +51,15 @@ constexpr const char* kName = "flux2";
 
 KVPrediction predict_of(const flux2::Config& c, const std::string& name, int64_t text,
                         const std::vector<int64_t>& refs, int64_t target, int steps, bool cfg,
-                        int64_t kv_bytes) {
+                        int64_t kv_bytes, Flux2References rule = Flux2References::kKleinKV) {
   FLOWKV_CHECK(steps >= 1, "steps must be at least 1");
   FLOWKV_CHECK(text > 0 && target > 0, "text and target token counts must be positive");
   pipeline::check_request_limits({.steps = steps,
                                   .images = static_cast<int64_t>(refs.size()),
                                   .tokens = pipeline::sum_tokens(text, refs, target)});
-  const TokenLayout layout = flux2::klein_kv_layout(text, refs, target);
+  const TokenLayout layout = rule == Flux2References::kKleinKV
+                                 ? flux2::klein_kv_layout(text, refs, target)
+                                 : joint_layout(text, refs, target);
   const CachePlan plan = plan_cache(layout, /*cache_exact=*/true, /*text_kv_approx=*/false);
   return prediction(name, flux2::cost_shape(c, kv_bytes), layout, plan, steps, cfg);
 }
@@ -80,7 +83,7 @@ Tensor text_ids(int64_t l) {
 
 class Flux2Model final : public FamilyModel {
  public:
-  explicit Flux2Model(Flux2Transformer t) : t_(std::move(t)) {}
+  Flux2Model(Flux2Transformer t, Flux2References refs) : t_(std::move(t)), refs_(refs) {}
   std::string variant() const override { return t_.variant(); }
   std::string config_json() const override { return t_.config_json(); }
   std::string compute_dtype() const override { return t_.compute_dtype(); }
@@ -89,7 +92,7 @@ class Flux2Model final : public FamilyModel {
   cache::Topology topology() const override { return flux2_topology(model()); }
   std::unique_ptr<pipeline::DenoiseAdapter> adapter(const DenoiseInputs& in,
                                                     const DenoiseOptions& opts) const override {
-    return flux2_adapter(model(), in, opts);
+    return flux2_adapter(model(), in, opts, refs_);
   }
   Tensor forward(const DenoiseInputs& in, const ForwardOptions& opts, ForwardProfile* profile,
                  Workspace* ws) const override;
@@ -97,12 +100,13 @@ class Flux2Model final : public FamilyModel {
   KVPrediction predict(int64_t text, const std::vector<int64_t>& refs, int64_t target, int steps,
                        bool cfg) const override {
     return predict_of(model().config(), t_.variant(), text, refs, target, steps, cfg,
-                      dtype_size(model().kv_dtype()));
+                      dtype_size(model().kv_dtype()), refs_);
   }
 
  private:
   const flux2::Model& model() const { return t_.impl().model; }
   Flux2Transformer t_;
+  Flux2References refs_;
 };
 
 Tensor Flux2Model::forward(const DenoiseInputs& in, const ForwardOptions& opts,
@@ -242,8 +246,23 @@ FamilyInfo info() {
   return i;
 }
 
-std::shared_ptr<const FamilyModel> wrap(Flux2Transformer t) {
-  return std::make_shared<Flux2Model>(std::move(t));
+std::shared_ptr<const FamilyModel> wrap(Flux2Transformer t,
+                                        Flux2References refs = Flux2References::kKleinKV) {
+  return std::make_shared<Flux2Model>(std::move(t), refs);
+}
+
+// The reference rule of a checkpoint: its pipeline's class says it (model_index.json of the
+// folder, or of the pipeline a transformer folder sits in). A bare transformer keeps Klein KV's
+// rules, the only ones flowkv caches exactly; the pipeline folder is what tells Klein 9B KV from
+// Klein 9B, whose transformers share one architecture.
+Flux2References references_of(const std::string& path) {
+  const std::optional<PipelineFolder> p = find_pipeline_folder(path);
+  if (!p || p->class_name == "Flux2KleinKVPipeline") return Flux2References::kKleinKV;
+  FLOWKV_CHECK(p->class_name == "Flux2KleinPipeline" || p->class_name == "Flux2Pipeline", p->path,
+               "/model_index.json: pipeline class \"", p->class_name,
+               "\" is not a FLUX.2 pipeline flowkv knows (Flux2KleinKVPipeline, "
+               "Flux2KleinPipeline, Flux2Pipeline)");
+  return Flux2References::kJoint;
 }
 
 }  // namespace
@@ -271,7 +290,7 @@ Family flux2_family() {
     return flux2::builtin_config(name, &c);
   };
   f.load = [](const std::string& path, const std::string& dtype) {
-    return wrap(Flux2Transformer::load(path, {dtype}));
+    return wrap(Flux2Transformer::load(path, {dtype}), references_of(path));
   };
   f.builtin = [](const std::string& name, uint64_t seed, const std::string& dtype) {
     return wrap(Flux2Transformer::builtin(name, seed, dtype));

@@ -1,7 +1,8 @@
-// FLUX.2 Klein KV's request as the denoising loop drives it (diffusers
+// FLUX.2 Klein's request as the denoising loop drives it. Klein KV (diffusers
 // pipeline_flux2_klein_kv.py): one branch; with the cache, step 0 computes the references and
 // stores their K/V, later steps splice them from the request's memory; the uncached baseline
-// recomputes them every step under the same rules.
+// recomputes them every step under the same rules. Klein 4B / 9B (pipeline_flux2_klein.py):
+// the references join the target's image stream at every step.
 #include <memory>
 
 #include "core/checked.h"
@@ -37,10 +38,12 @@ void check3(const Tensor& t, const char* what) {
 
 class Flux2Adapter final : public pipeline::DenoiseAdapter {
  public:
-  Flux2Adapter(const flux2::Model& m, const DenoiseInputs& in, const DenoiseOptions& o)
-      : m_(m), in_(in), opts_(o) {
+  Flux2Adapter(const flux2::Model& m, const DenoiseInputs& in, const DenoiseOptions& o,
+               Flux2References rule)
+      : m_(m), in_(in), opts_(o), joint_(rule == Flux2References::kJoint) {
     check_inputs();
-    layout_ = flux2::klein_kv_layout(in_.prompt.embeds.dim(1), ref_sizes(), N(), kRefTimestep);
+    layout_ = joint_ ? joint_layout(L(), ref_sizes(), N())
+                     : flux2::klein_kv_layout(L(), ref_sizes(), N(), kRefTimestep);
     std::vector<int> require;
     if (o.cache_text) require.push_back(layout_.index_of(SegmentKind::kText));
     plan_ = plan_cache(layout_, o.mode == KVMode::kCached, o.text_kv_approx, require);
@@ -93,15 +96,18 @@ class Flux2Adapter final : public pipeline::DenoiseAdapter {
   }
   void check_inputs() const;
   void gather_references();
+  void forward_joint(const ExecContext& ctx, const pipeline::StepCall& call, flux2::ForwardArgs& a);
 
   const flux2::Model& m_;
   const DenoiseInputs& in_;
   DenoiseOptions opts_;
+  bool joint_;  // references appended to the target's tokens (Flux2KleinPipeline)
   TokenLayout layout_;
   CachePlan plan_;
   bool refs_cached_ = false, text_cached_ = false;
   int64_t R_ = 0;  // reference tokens, all references
   std::vector<float> txt_ids_, img_ids_, ref_ids_, timestep_, velocity_;
+  std::vector<float> joint_rows_, joint_ids_, joint_velocity_;  // [target, refs] (joint rule)
   std::unique_ptr<KVMemory> ref_mem_, txt_mem_;  // the request's memories, never the model's
 };
 
@@ -179,7 +185,41 @@ int Flux2Adapter::prepare(bool) {
     txt_mem_ = std::make_unique<KVMemory>(m_.kv_layers(), B, L(), m_.kv_width(), m_.kv_dtype());
   velocity_.resize(static_cast<size_t>(B * N() * m_.config().out_features()));
   timestep_.resize(static_cast<size_t>(B));
+  if (joint_ && R_ > 0) {
+    joint_rows_.resize(static_cast<size_t>(B * (N() + R_) * channels()));
+    joint_ids_ = img_ids_;
+    joint_ids_.insert(joint_ids_.end(), ref_ids_.begin(), ref_ids_.end());
+    joint_velocity_.resize(static_cast<size_t>(B * (N() + R_) * m_.config().out_features()));
+  }
   return 1;
+}
+
+// Flux2KleinPipeline: the references' latents follow the target's in one image stream
+// ([target, ref 1 .. ref k], the step's time, every token reading every token); the velocity
+// is the target's rows of the output.
+void Flux2Adapter::forward_joint(const ExecContext& ctx, const pipeline::StepCall& call,
+                                 flux2::ForwardArgs& a) {
+  const int64_t B = batch(), C = channels(), T = N() + R_, out = m_.config().out_features();
+  for (int64_t b = 0; b < B; ++b) {
+    float* dst = joint_rows_.data() + b * T * C;
+    std::copy_n(call.latents + b * N() * C, N() * C, dst);
+    dst += N() * C;
+    for (const ReferenceLatents& ref : in_.references) {
+      const int64_t n = ref.height * ref.width * C;
+      std::copy_n(ref.latents.f32() + b * n, n, dst);
+      dst += n;
+    }
+  }
+  a.segments.push_back({.kind = SegmentKind::kTarget,
+                        .name = "target",
+                        .rows = joint_rows_.data(),
+                        .tokens = T,
+                        .ids = joint_ids_.data()});
+  a.out = joint_velocity_.data();
+  m_.forward(ctx, a);
+  for (int64_t b = 0; b < B; ++b) {
+    std::copy_n(joint_velocity_.data() + b * T * out, N() * out, velocity_.data() + b * N() * out);
+  }
 }
 
 void Flux2Adapter::forward(const ExecContext& ctx, int, const pipeline::StepCall& call) {
@@ -194,6 +234,9 @@ void Flux2Adapter::forward(const ExecContext& ctx, int, const pipeline::StepCall
                         .tokens = L(),
                         .ids = txt_ids_.data(),
                         .kv = loop_route(text_cached_, first, txt_mem_.get())});
+  a.timestep = timestep_.data();
+  a.hooks = call.hooks;
+  if (joint_ && R_ > 0) return forward_joint(ctx, call, a);
   // References: one stream with one memory over all of them.
   const SegmentKV ref_kv = loop_route(refs_cached_, first, ref_mem_.get());
   for (size_t i = 0, off = 0; i < in_.references.size(); ++i) {
@@ -212,9 +255,7 @@ void Flux2Adapter::forward(const ExecContext& ctx, int, const pipeline::StepCall
                         .rows = call.latents,
                         .tokens = N(),
                         .ids = img_ids_.data()});
-  a.timestep = timestep_.data();
   a.out = velocity_.data();
-  a.hooks = call.hooks;
   m_.forward(ctx, a);
 }
 
@@ -222,8 +263,9 @@ void Flux2Adapter::forward(const ExecContext& ctx, int, const pipeline::StepCall
 
 std::unique_ptr<pipeline::DenoiseAdapter> flux2_adapter(const flux2::Model& m,
                                                         const DenoiseInputs& in,
-                                                        const DenoiseOptions& opts) {
-  return std::make_unique<Flux2Adapter>(m, in, opts);
+                                                        const DenoiseOptions& opts,
+                                                        Flux2References refs) {
+  return std::make_unique<Flux2Adapter>(m, in, opts, refs);
 }
 
 }  // namespace flowkv::families
