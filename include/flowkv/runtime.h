@@ -18,6 +18,10 @@ int threads();
 // the figures. 0 (default): the memory available at the time of the check. Negative: no check.
 void set_memory_budget(int64_t bytes);
 int64_t memory_budget();
+// The process's peak resident memory in bytes (-1 where unknown), and a reset of that peak to
+// the current resident memory (false where the kernel does not allow it): stage by stage peaks.
+int64_t peak_rss();
+bool reset_peak_rss();
 // The instruction set the vector kernels run on here ("AVX2", "AVX3" = AVX-512, ...).
 std::string simd_target();
 // Whether bf16 matrix products run on bf16 instructions here (AVX512_BF16 / AMX). Without

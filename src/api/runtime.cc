@@ -21,6 +21,9 @@ void set_memory_budget(int64_t bytes) {
 int64_t memory_budget() {
   return memory_budget_bytes();
 }
+int64_t peak_rss() {
+  return peak_rss_bytes();
+}
 int threads() {
   return num_threads();
 }

@@ -5,6 +5,9 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
 
 #include "flowkv/error.h"
 
@@ -51,6 +54,27 @@ void check_memory(int64_t need, std::string_view what, std::string_view advice) 
                 static_cast<long long>(need), gib(need), gib(budget));
   fail(what, " needs ", figures, set == 0 ? " (the memory available now)" : " (set by the caller)",
        advice.empty() ? "" : "; ", advice);
+}
+
+int64_t peak_rss_bytes() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) {
+      std::istringstream s(line.substr(6));
+      int64_t kb = 0;
+      s >> kb;
+      return kb * 1024;
+    }
+  }
+  return -1;
+}
+
+bool reset_peak_rss() {
+  std::ofstream out("/proc/self/clear_refs");
+  if (!out) return false;
+  out << "5";
+  return static_cast<bool>(out);
 }
 
 }  // namespace flowkv

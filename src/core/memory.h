@@ -20,4 +20,9 @@ int64_t memory_budget_bytes();
 // `advice` what to do about it.
 void check_memory(int64_t need, std::string_view what, std::string_view advice = "");
 
+// The process's peak resident set (VmHWM) in bytes, -1 where unknown; reset_peak_rss() starts
+// a new peak from the current RSS (false where the kernel does not allow it).
+int64_t peak_rss_bytes();
+bool reset_peak_rss();
+
 }  // namespace flowkv

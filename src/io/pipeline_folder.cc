@@ -48,7 +48,8 @@ const PipelineComponent& PipelineFolder::component(const std::string& name) cons
 }
 
 std::optional<PipelineFolder> find_pipeline_folder(const std::string& path) {
-  if (path.empty() || !path_exists(path) || path_kind(path) != PathKind::kFolder) return std::nullopt;
+  if (path.empty() || !path_exists(path) || path_kind(path) != PathKind::kFolder)
+    return std::nullopt;
   fs::path dir = fs::path(path).lexically_normal();
   if (dir.filename().empty()) dir = dir.parent_path();  // "a/b/" -> "a/b"
   if (path_exists((dir / "model_index.json").string())) return read_index(dir.string());

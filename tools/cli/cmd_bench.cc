@@ -86,7 +86,7 @@ Cell run_cell(const BenchModel& runner, const Opts& o, Cell c, int64_t budget, W
            static_cast<double>(e.need_bytes) / (1 << 30), " GiB) but --kv-budget is ",
            e.budget_bytes, " bytes; raise --kv-budget or use smaller or fewer --refs");
     }
-    if (timed) record(*stats[mode], r, peak_rss_bytes());
+    if (timed) record(*stats[mode], r, peak_rss());
   };
   for (int mode = 0; mode < n; ++mode) one(mode, false);
   for (int run = 0; run < o.runs; ++run) {  // alternate the order so no mode always goes first

@@ -22,27 +22,6 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-int64_t peak_rss_bytes() {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("VmHWM:", 0) == 0) {
-      std::istringstream s(line.substr(6));
-      int64_t kb = 0;
-      s >> kb;
-      return kb * 1024;
-    }
-  }
-  return -1;
-}
-
-bool reset_peak_rss() {
-  std::ofstream out("/proc/self/clear_refs");
-  if (!out) return false;
-  out << "5";
-  return static_cast<bool>(out);
-}
-
 void progress(const std::string& line) {
   static const bool tty = isatty(2);
   if (tty) {

@@ -12,11 +12,6 @@ namespace flowkv::cli {
 
 double median(std::vector<double> v);
 
-// Peak resident set size of this process since the last reset, in bytes (VmHWM), or -1.
-int64_t peak_rss_bytes();
-// Starts a new peak-RSS window (writes 5 to /proc/self/clear_refs). False if unsupported.
-bool reset_peak_rss();
-
 // One progress line on stderr, rewritten in place on a terminal.
 void progress(const std::string& line);
 void progress_done();

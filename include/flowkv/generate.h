@@ -1,0 +1,55 @@
+// From a prompt and pictures to a picture: a whole diffusers pipeline folder (model_index.json,
+// transformer/, text_encoder/, tokenizer/, vae/) run stage by stage. Each stage loads its
+// component, runs and releases it, so peak memory is the largest stage plus the request's caches,
+// not the sum of the components.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace flowkv {
+
+struct GenerateRequest {
+  std::string prompt;
+  std::vector<std::string> references;  // image files (PNG, JPEG), in order
+  // Output size in pixels; 0: the last reference's size, else the pipeline's default.
+  int64_t width = 0, height = 0;
+  int steps = 0;         // 0: the family's default
+  uint64_t seed = 0;     // torch.Generator("cpu").manual_seed(seed) noise, as diffusers draws it
+  bool kv_cache = true;  // the exact conditioning cache where the model has one
+  std::vector<std::string> step_caches;  // approximate step caches, e.g. "taylorseer:interval=2"
+  std::string dtype = "auto";            // the transformer's compute type: auto, f32, bf16, int8
+};
+
+// One stage's account: its time, the process's peak resident memory while it ran, and a line
+// of what it did ("512 tokens, truncated from 700", "step 2: KV cache served the references").
+struct StageReport {
+  std::string name;
+  double seconds = 0;
+  int64_t peak_rss_bytes = -1;
+  std::string detail;
+};
+
+// Progress as the stages run: a stage starts with its unit count (steps, tiles, layers), each
+// unit ends with a note, the stage ends with its report.
+struct GenerateProgress {
+  std::function<void(const std::string& stage, int64_t units)> begin;
+  std::function<void(int64_t done, int64_t units, const std::string& note)> advance;
+  std::function<void(const StageReport& report)> end;
+};
+
+struct GenerateResult {
+  int64_t width = 0, height = 0;
+  std::vector<uint8_t> rgb;  // [height, width, 3]
+  // The generation parameters, one text as other tools write them in a PNG ("parameters").
+  std::string parameters;
+  std::vector<StageReport> stages;
+  bool prompt_truncated = false;
+};
+
+GenerateResult generate(const std::string& pipeline_dir, const GenerateRequest& request,
+                        const GenerateProgress& progress = {});
+
+}  // namespace flowkv
