@@ -14,10 +14,17 @@ namespace {
 
 PipelineFolder read_index(const std::string& dir) {
   const std::string file = (fs::path(dir) / "model_index.json").string();
+  return at_input_boundary(file, [&] { return parse_pipeline_index(read_json_file(file), dir); });
+}
+
+}  // namespace
+
+PipelineFolder parse_pipeline_index(const Json& index, const std::string& dir) {
+  const std::string file = (fs::path(dir) / "model_index.json").string();
   return at_input_boundary(file, [&] {
     PipelineFolder p;
     p.path = dir;
-    p.index = read_json_file(file);
+    p.index = index;
     FLOWKV_CHECK(p.index.is_object(), file, ": not a JSON object");
     FLOWKV_CHECK(p.index.contains("_class_name") && p.index["_class_name"].is_string(), file,
                  ": no _class_name (the pipeline class) string");
@@ -37,8 +44,6 @@ PipelineFolder read_index(const std::string& dir) {
     return p;
   });
 }
-
-}  // namespace
 
 const PipelineComponent& PipelineFolder::component(const std::string& name) const {
   auto it = components.find(name);

@@ -30,5 +30,7 @@ struct PipelineFolder {
 // folder inside a pipeline); nullopt when neither holds a model_index.json. A model_index.json
 // that is not a pipeline index is a flowkv::Error naming the file and the field.
 std::optional<PipelineFolder> find_pipeline_folder(const std::string& path);
+// The index of the pipeline folder `dir` from model_index.json's parsed text.
+PipelineFolder parse_pipeline_index(const Json& index, const std::string& dir);
 
 }  // namespace flowkv

@@ -8,7 +8,7 @@ root="$(cd "$(dirname "$0")/../.." && pwd)"
 golden="$root/tests/golden"
 
 targets=(fuzz_safetensors_header fuzz_shard_index fuzz_flux2_config fuzz_qwen_config
-         fuzz_inspect_folder fuzz_gguf)
+         fuzz_inspect_folder fuzz_gguf fuzz_pipeline_index)
 for t in "${targets[@]}"; do rm -rf "${out:?}/$t"; mkdir -p "$out/$t"; done
 
 # Bytes of an unsigned integer, little-endian, on stdout.
@@ -27,6 +27,10 @@ while IFS= read -r f; do
 done < <(find "$golden" -name '*.safetensors' | sort)
 
 # shard indexes
+while IFS= read -r f; do
+  cp "$f" "$out/fuzz_pipeline_index/$(seed_name "$f")"
+done < <(find "$golden" -name model_index.json | sort)
+
 while IFS= read -r f; do
   cp "$f" "$out/fuzz_shard_index/$(seed_name "$f")"
 done < <(find "$golden" -name '*.safetensors.index.json' | sort)
