@@ -48,7 +48,8 @@ int check_dump(const std::string& sub, flowkv::TorchCpuCapability capability) {
       const std::vector<float> more = g.randn(numel(c["then"]));
       got.insert(got.end(), more.begin(), more.end());
     }
-    ASSERT_EQ(got.size(), want.size()) << name;
+    EXPECT_EQ(got.size(), want.size()) << name;
+    if (got.size() != want.size()) continue;
     int64_t differ = 0, first = -1;
     for (size_t i = 0; i < got.size(); ++i) {
       if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0) {
