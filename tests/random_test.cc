@@ -40,6 +40,7 @@ int check_dump(const std::string& sub, flowkv::TorchCpuCapability capability) {
             capability == flowkv::TorchCpuCapability::kAvx2 ? "AVX2" : "DEFAULT");
   int cases = 0;
   for (const auto& c : m["cases"]) {
+    if (c.contains("dtype")) continue;  // bfloat16: its own test
     const std::string name = c["name"];
     const std::vector<float> want = read_f32(dir() + sub + name + ".f32");
     flowkv::TorchGenerator g(c["seed"].get<uint64_t>(), capability);
@@ -72,6 +73,35 @@ TEST(TorchGenerator, MatchesTorchRandnBitForBit) {
 // ATEN_CPU_CAPABILITY=default: torch's libm transform (float logf, cosf, sinf).
 TEST(TorchGenerator, MatchesTorchDefaultCapability) {
   EXPECT_GE(check_dump("default/", flowkv::TorchCpuCapability::kDefault), 5);
+}
+
+TEST(TorchGenerator, MatchesTorchRandnBfloat16BitForBit) {
+  const flowkv::Json m = flowkv::read_json_file(dir() + "manifest.json");
+  int cases = 0;
+  for (const auto& c : m["cases"]) {
+    if (!c.contains("dtype")) continue;
+    const std::string name = c["name"];
+    std::ifstream in(dir() + name + ".bf16", std::ios::binary);
+    const int64_t n = numel(c["shape"]);
+    std::vector<uint16_t> want(static_cast<size_t>(n));
+    in.read(reinterpret_cast<char*>(want.data()), static_cast<std::streamsize>(n * 2));
+    ASSERT_TRUE(in) << name;
+    flowkv::TorchGenerator g(c["seed"].get<uint64_t>());
+    std::vector<float> got(static_cast<size_t>(n));
+    g.randn_bf16(got.data(), n);
+    int64_t differ = 0, first = -1;
+    for (int64_t i = 0; i < n; ++i) {
+      uint32_t bits = 0;
+      std::memcpy(&bits, &got[i], 4);
+      if ((bits & 0xffffu) != 0 || (bits >> 16) != want[i]) {
+        if (first < 0) first = i;
+        ++differ;
+      }
+    }
+    EXPECT_EQ(differ, 0) << name << ": " << differ << " of " << n << " differ, first at " << first;
+    ++cases;
+  }
+  EXPECT_GE(cases, 14);
 }
 
 TEST(TorchGenerator, SeedUsesLow32Bits) {

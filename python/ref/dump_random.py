@@ -4,7 +4,8 @@ torch.Generator("cpu").manual_seed(seed) and torch.randn(shape, generator=g, dty
 
 Run it twice: as is (the machine's capability, AVX2 here) and with ATEN_CPU_CAPABILITY=default
 into tests/golden/random/default (torch's libm path, a few cases).
-Writes tests/golden/random/<case>.f32 (the values, little-endian float32) and manifest.json
+Writes tests/golden/random/<case>.f32 (the values, little-endian float32), bf16_<case>.bf16
+(torch.randn in bfloat16, the values' 16 bits) and manifest.json
 (seed, shape, file, and for the two draws of one generator the second draw's case).
     python dump_random.py [OUT_DIR]
 """
@@ -40,6 +41,15 @@ for first, second in [] if seeds == [0] else [([3], [5]), ([20], [3]), ([5], [40
     name = f"seq_{first[0]}_{second[0]}"
     torch.cat([a, b]).numpy().astype("<f4").tofile(os.path.join(out, name + ".f32"))
     cases.append({"name": name, "seed": 7, "shape": first, "then": second})
+# bfloat16 (a pipeline loaded in bf16 draws its latents in bf16: prepare_latents passes
+# prompt_embeds.dtype): the values as their 16 bits.
+for seed in ([] if seeds == [0] else [0, 42]):
+    for shape in [[1], [7], [16], [17], [100], [4096 + 3], [1, 128, 8, 8]]:
+        g = torch.Generator("cpu").manual_seed(seed)
+        x = torch.randn(shape, generator=g, dtype=torch.bfloat16)
+        name = f"bf16_seed{seed}_" + "x".join(map(str, shape))
+        x.view(torch.int16).numpy().astype("<i2").tofile(os.path.join(out, name + ".bf16"))
+        cases.append({"name": name, "seed": seed, "shape": shape, "dtype": "bfloat16"})
 json.dump({"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
            "cases": cases}, open(os.path.join(out, "manifest.json"), "w"), indent=1)
 print(len(cases), "cases")

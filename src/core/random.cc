@@ -109,6 +109,14 @@ void box_muller_16(float* data, TorchCpuCapability capability) {
   }
 }
 
+// float to bfloat16 (nearest even, as c10::BFloat16), kept as the float of the same value.
+float bf16(float f) {
+  if (std::isnan(f)) return std::bit_cast<float>(0x7fc00000u);
+  uint32_t u = std::bit_cast<uint32_t>(f);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return std::bit_cast<float>(u & 0xffff0000u);
+}
+
 }  // namespace
 
 TorchGenerator::TorchGenerator(uint64_t seed, TorchCpuCapability capability)
@@ -159,6 +167,28 @@ void TorchGenerator::randn(float* out, int64_t n) {
     for (int i = 0; i < 16; ++i) tail[i] = uniform_float();
     box_muller_16(tail, capability_);
   }
+}
+
+void TorchGenerator::randn_bf16(float* out, int64_t n) {
+  if (n < 16) {
+    for (int64_t i = 0; i < n; ++i) out[i] = bf16(static_cast<float>(normal_double()));
+    return;
+  }
+  // The float transform on float uniforms, rounded to bfloat16 at the end; only the tail
+  // differs from float32's: the n % 16 uniforms left over are kept and 16 - n % 16 fresh ones
+  // drawn after them, and the 16 results go to the last 16 places.
+  for (int64_t i = 0; i < n; ++i) out[i] = uniform_float();
+  const int64_t whole = n / 16 * 16;
+  for (int64_t i = 0; i < whole; i += 16) box_muller_16(out + i, capability_);
+  if (n != whole) {
+    float tail[16];
+    const int64_t rest = n - whole;
+    for (int64_t i = 0; i < rest; ++i) tail[i] = out[whole + i];
+    for (int64_t i = rest; i < 16; ++i) tail[i] = uniform_float();
+    box_muller_16(tail, capability_);
+    for (int i = 0; i < 16; ++i) out[n - 16 + i] = tail[i];
+  }
+  for (int64_t i = 0; i < n; ++i) out[i] = bf16(out[i]);
 }
 
 std::vector<float> TorchGenerator::randn(int64_t n) {

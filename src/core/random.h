@@ -15,7 +15,11 @@
 //   x86-64 machine since 2013) use Cephes-style polynomials (log256_ps / sincos256_ps), the
 //   DEFAULT capability uses libm's logf / cosf / sinf;
 // - numel < 16: one double Box-Muller pair per two elements (log1p, sin, cos in double), the
-//   second of each pair cached in the generator for the next element, even across calls.
+//   second of each pair cached in the generator for the next element, even across calls;
+// - bfloat16 (torch 2.15 measured, not read: its source was not at hand): numel >= 16 is the
+//   float32 transform rounded to bfloat16, except that the last, partial chunk keeps the
+//   n % 16 uniforms left over and draws only 16 - n % 16 new ones; numel < 16 is the double
+//   path rounded (double -> float -> bfloat16).
 #pragma once
 
 #include <cstdint>
@@ -40,6 +44,9 @@ class TorchGenerator {
   // torch.randn(n, generator=this, dtype=torch.float32): the next n values.
   void randn(float* out, int64_t n);
   std::vector<float> randn(int64_t n);
+  // torch.randn(n, generator=this, dtype=torch.bfloat16), each value as the float it equals
+  // (diffusers draws in the pipeline's dtype: a pipeline loaded in bf16 gets these).
+  void randn_bf16(float* out, int64_t n);
 
  private:
   std::mt19937 engine_;
