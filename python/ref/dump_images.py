@@ -25,10 +25,14 @@ import PIL.Image as Image
 import PIL.ImageOps
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ref_common import check_pins  # noqa: E402
+
 import diffusers
 from diffusers.pipelines.flux2.image_processor import Flux2ImageProcessor
 from diffusers.utils import load_image
 
+check_pins()
 out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(
     os.path.dirname(os.path.abspath(__file__)), "../../tests/golden/images")
 os.makedirs(os.path.join(out, "in"), exist_ok=True)

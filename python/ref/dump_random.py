@@ -15,6 +15,10 @@ import sys
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ref_common import check_pins  # noqa: E402
+
+check_pins()
 out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(
     os.path.dirname(os.path.abspath(__file__)), "../../tests/golden/random")
 os.makedirs(out, exist_ok=True)
