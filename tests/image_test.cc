@@ -262,10 +262,22 @@ TEST(Image, BadFilesAreClearErrors) {
   expect_error([&] { load_image(tmp.file("crc.png")); }, {"crc.png", "PNG"});
   write_file(tmp.file("half.jpg"), jpg.substr(0, jpg.size() / 2));
   expect_error([&] { load_image(tmp.file("half.jpg")); }, {"half.jpg", "JPEG"});
+  write_file(tmp.file("cut.jpg"), jpg.substr(0, jpg.size() - 60));  // inside the scan
+  expect_error([&] { load_image(tmp.file("cut.jpg")); }, {"cut.jpg", "truncated JPEG"});
   write_file(tmp.file("head.jpg"), jpg.substr(0, 3));
   expect_error([&] { load_image(tmp.file("head.jpg")); }, {"head.jpg", "JPEG"});
   expect_error([&] { load_image(tmp.file("missing.png")); }, {"missing.png", "No such file"});
   expect_error([&] { load_image(tmp.path().string()); }, {"not a regular file"});
+}
+
+// libjpeg's non-fatal warnings are not errors, as in PIL: extraneous bytes before EOI decode to
+// the same pixels.
+TEST(Image, JpegWarningsAreNotErrors) {
+  TempDir tmp;
+  const std::string jpg = read_file(dir() + "in/baseline.jpg");
+  write_file(tmp.file("extra.jpg"),
+             jpg.substr(0, jpg.size() - 2) + std::string("\x00\x11\x22", 3) + "\xff\xd9");
+  EXPECT_EQ(load_image(tmp.file("extra.jpg")).pixels, load_image(dir() + "in/baseline.jpg").pixels);
 }
 
 TEST(Image, ResizeAndCropRefuseBadSizes) {

@@ -279,11 +279,16 @@ Image decode_jpeg(const uint8_t* data, size_t size, const std::string& what) {
     four.resize(static_cast<size_t>(checked_mul(img.width * img.height, 4, what)));
     out = four.data();
   }
-  // Warnings (a truncated or corrupt stream that libjpeg would pad with grey) are errors, as
-  // PIL refuses truncated files.
+  // libjpeg's warnings are not fatal to PIL (e.g. extraneous bytes before a marker), except a
+  // premature end: PIL refuses a truncated file, where libjpeg would pad it with grey.
   const int r = tjDecompress2(tj.get(), data, static_cast<unsigned long>(size), out, w, 0, h,
-                              cmyk ? TJPF_CMYK : TJPF_RGB, TJFLAG_STOPONWARNING);
-  FLOWKV_CHECK(r == 0, what, ": corrupt or truncated JPEG data (", tjGetErrorStr2(tj.get()), ")");
+                              cmyk ? TJPF_CMYK : TJPF_RGB, 0);
+  if (r != 0) {
+    const std::string msg = tjGetErrorStr2(tj.get());
+    const bool warning = tjGetErrorCode(tj.get()) == TJERR_WARNING;
+    FLOWKV_CHECK(warning && msg.find("Premature end") == std::string::npos, what,
+                 warning ? ": truncated JPEG data (" : ": corrupt JPEG data (", msg, ")");
+  }
   if (cmyk) {
     // PIL reads 4-channel JPEGs as Adobe's inverted CMYK ("CMYK;I"), then converts to RGB with
     // each channel = (255 - K) - C (255 - K) / 255 in its rounded integer form.
