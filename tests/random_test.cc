@@ -104,6 +104,20 @@ TEST(TorchGenerator, MatchesTorchRandnBfloat16BitForBit) {
   EXPECT_GE(cases, 14);
 }
 
+// The Klein latents' shape in one call, as diffusers' randn_tensor: same values as randn(n).
+TEST(TorchGenerator, RandnTensorIsOneDraw) {
+  flowkv::TorchGenerator a(42), b(42), c(42), d(42);
+  const flowkv::Tensor t = flowkv::randn_tensor(a, {1, 128, 8, 8});
+  ASSERT_EQ(t.shape(), (flowkv::Shape{1, 128, 8, 8}));
+  EXPECT_EQ(std::vector<float>(t.f32(), t.f32() + t.numel()), b.randn(8192));
+  const flowkv::Tensor h = flowkv::randn_tensor(c, {1, 128, 1, 3}, flowkv::DType::kBF16);
+  ASSERT_EQ(h.dtype(), flowkv::DType::kBF16);
+  std::vector<float> want(384);
+  d.randn_bf16(want.data(), 384);
+  const flowkv::Tensor back = h.to_f32();
+  EXPECT_EQ(std::vector<float>(back.f32(), back.f32() + 384), want);
+}
+
 TEST(TorchGenerator, SeedUsesLow32Bits) {
   flowkv::TorchGenerator a(7), b((uint64_t{1} << 32) + 7);
   EXPECT_EQ(a.randn(20), b.randn(20));

@@ -8,6 +8,8 @@
 #include <cmath>
 #include <numbers>
 
+#include "core/checked.h"
+
 namespace flowkv {
 
 namespace {
@@ -195,6 +197,19 @@ std::vector<float> TorchGenerator::randn(int64_t n) {
   std::vector<float> v(static_cast<size_t>(n));
   randn(v.data(), n);
   return v;
+}
+
+Tensor randn_tensor(TorchGenerator& g, const Shape& shape, DType dtype) {
+  FLOWKV_CHECK(dtype == DType::kF32 || dtype == DType::kBF16,
+               "randn_tensor: only float32 and bfloat16 are drawn as torch draws them");
+  const int64_t n = checked_numel(shape, "randn_tensor shape");
+  Tensor t = Tensor::empty(shape, DType::kF32);
+  if (dtype == DType::kF32) {
+    g.randn(t.f32(), n);
+    return t;
+  }
+  g.randn_bf16(t.f32(), n);
+  return t.to(DType::kBF16);  // exact: every value is a bfloat16 already
 }
 
 }  // namespace flowkv

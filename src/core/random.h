@@ -26,6 +26,8 @@
 #include <random>
 #include <vector>
 
+#include "flowkv/tensor.h"
+
 namespace flowkv {
 
 // Which of torch's float normal transforms to reproduce (torch.backends.cpu.get_cpu_capability()).
@@ -54,5 +56,10 @@ class TorchGenerator {
   bool has_next_normal_ = false;
   double next_normal_ = 0;
 };
+
+// diffusers' randn_tensor(shape, generator=g, dtype=dtype) with a CPU generator: one draw of the
+// whole shape (the Klein pipelines' prepare_latents asks for [B, 128, H / 16, W / 16] in
+// prompt_embeds.dtype). dtype kF32 or kBF16 (a bf16 tensor holding torch's bf16 values).
+Tensor randn_tensor(TorchGenerator& g, const Shape& shape, DType dtype = DType::kF32);
 
 }  // namespace flowkv
