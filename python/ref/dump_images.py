@@ -154,6 +154,7 @@ add_decode("grey.jpg", pil_bytes(rgb.convert("L"), "JPEG", quality=90))
 add_decode("cmyk.jpg", pil_bytes(rgb.convert("CMYK"), "JPEG", quality=90))
 for o in [2, 5, 6, 7, 8]:
     add_decode(f"exif{o}.jpg", pil_bytes(rgb, "JPEG", quality=90, exif=exif_orientation_block(o)))
+add_decode("xmp6.jpg", pil_bytes(rgb, "JPEG", quality=90, xmp=xmp.replace(b'"8"', b'"6"')))
 
 # ---- Lanczos resize (PIL's Image.resize(size, LANCZOS) on RGB) ----
 src_small = Image.fromarray(pattern(64, 48), "RGB")

@@ -211,12 +211,13 @@ struct JpegMetadata {
   int scans = 0;
 };
 
-// Walks the JPEG's markers: the first APP1 Exif and XMP blocks (as PIL reads them) and the
-// number of scans. Malformed structure is left for libjpeg to report.
+// Walks the JPEG's markers: the EXIF and XMP blocks as PIL keeps them (every APP1 Exif payload
+// appended to the first, the last XMP) and the number of scans. Malformed structure is left
+// for libjpeg to report.
 JpegMetadata scan_jpeg(const uint8_t* d, size_t n) {
   JpegMetadata m;
-  std::optional<int> exif, xmp;
-  bool have_exif = false;
+  std::string exif;
+  std::string_view xmp;
   size_t p = 2;  // after SOI
   while (p + 4 <= n) {
     if (d[p] != 0xFF) break;
@@ -233,12 +234,11 @@ JpegMetadata scan_jpeg(const uint8_t* d, size_t n) {
     const size_t len = (size_t{d[p + 2]} << 8) | d[p + 3];
     if (len < 2 || p + 2 + len > n) break;
     const std::string_view seg(reinterpret_cast<const char*>(d + p + 4), len - 2);
-    if (marker == 0xE1 && seg.substr(0, 6) == std::string_view("Exif\0\0", 6) && !have_exif) {
-      have_exif = true;
-      exif = exif_orientation(seg);
+    if (marker == 0xE1 && seg.substr(0, 6) == std::string_view("Exif\0\0", 6)) {
+      exif += exif.empty() ? seg : seg.substr(6);
     } else if (marker == 0xE1 &&
                seg.substr(0, 29) == std::string_view("http://ns.adobe.com/xap/1.0/\0", 29)) {
-      if (!xmp) xmp = xmp_orientation(seg.substr(29));
+      xmp = seg.substr(29);
     }
     p += 2 + len;
     if (marker == 0xDA) {  // SOS: skip the entropy-coded data to the next real marker
@@ -249,7 +249,8 @@ JpegMetadata scan_jpeg(const uint8_t* d, size_t n) {
       }
     }
   }
-  m.orientation = exif ? exif : xmp;
+  if (!exif.empty()) m.orientation = exif_orientation(exif);
+  if (!m.orientation && !xmp.empty()) m.orientation = xmp_orientation(xmp);
   return m;
 }
 
