@@ -62,6 +62,22 @@ def raw_png(w, h, color_type, depth, rows, extra=b"", trailing=b""):
             + extra + chunk(b"IDAT", zlib.compress(data)) + trailing + chunk(b"IEND", b""))
 
 
+def adam7_png(arr, color_type, depth):
+    """An interlaced (Adam7) PNG of arr [H, W, C] (uint8, or uint16 for depth 16)."""
+    h, w = arr.shape[:2]
+    data = b""
+    for x0, y0, dx, dy in [(0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4),
+                           (1, 0, 2, 2), (0, 1, 1, 2)]:
+        sub = arr[y0::dy, x0::dx]
+        if sub.shape[0] == 0 or sub.shape[1] == 0:
+            continue
+        for row in sub:
+            data += b"\0" + (row.astype(">u2") if depth == 16 else row).tobytes()
+    return (b"\x89PNG\r\n\x1a\n"
+            + png_chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, depth, color_type, 0, 0, 1))
+            + png_chunk(b"IDAT", zlib.compress(data)) + png_chunk(b"IEND", b""))
+
+
 def png_chunk(t, d):
     return struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d) & 0xffffffff)
 
@@ -144,6 +160,9 @@ add_decode("exif6_after.png", raw_png(37, 23, 2, 8, rows8,
 xmp = b'<x:xmpmeta xmlns:x="adobe:ns:meta/"><rdf:Description tiff:Orientation="8"/></x:xmpmeta>'
 add_decode("xmp8.png", raw_png(37, 23, 2, 8, rows8,
                                extra=png_chunk(b"iTXt", b"XML:com.adobe.xmp\0\0\0\0\0" + xmp)))
+
+add_decode("rgb_adam7.png", adam7_png(base, 2, 8))
+add_decode("rgba16_adam7.png", adam7_png(v16, 6, 16))
 
 # ---- JPEG ----
 add_decode("baseline.jpg", pil_bytes(rgb, "JPEG", quality=90))
