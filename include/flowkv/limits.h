@@ -25,6 +25,13 @@ inline constexpr int64_t kMaxSteps = 100000;
 inline constexpr int kMaxThreads = 4096;
 // Pixels per side of an image size given to predict or a pipeline.
 inline constexpr int64_t kMaxImageSide = 65536;
+// Pixels of one decoded image file (an 8000 x 6000 phone photo is 48M; references are resized
+// to about 1M pixels before use). Checked from the file's header, before any pixel is allocated.
+inline constexpr int64_t kMaxImagePixels = int64_t{1} << 26;
+// Bytes of one image file read whole.
+inline constexpr int64_t kMaxImageFileBytes = int64_t{1} << 30;
+// Bytes of the text written into a PNG's "parameters" chunk.
+inline constexpr int64_t kMaxPngTextBytes = int64_t{1} << 20;
 // Bytes of a JSON file read whole (config.json, shard index; real ones are < 1 MiB).
 inline constexpr int64_t kMaxJsonFileBytes = int64_t{64} << 20;
 // Tensors in one checkpoint (FLUX.2 dev holds ~800).

@@ -8,7 +8,7 @@ root="$(cd "$(dirname "$0")/../.." && pwd)"
 golden="$root/tests/golden"
 
 targets=(fuzz_safetensors_header fuzz_shard_index fuzz_flux2_config fuzz_qwen_config
-         fuzz_inspect_folder fuzz_gguf fuzz_pipeline_index)
+         fuzz_inspect_folder fuzz_gguf fuzz_pipeline_index fuzz_png fuzz_jpeg)
 for t in "${targets[@]}"; do rm -rf "${out:?}/$t"; mkdir -p "$out/$t"; done
 
 # Bytes of an unsigned integer, little-endian, on stdout.
@@ -64,6 +64,12 @@ done < <(find "$golden" -name diffusion_pytorch_model.safetensors | sort)
 while IFS= read -r f; do
   cp "$f" "$out/fuzz_gguf/$(seed_name "$f")"
 done < <(find "$golden" -name '*.gguf' | sort)
+
+# Image files, whole (tests/golden/images/in; the two large Klein inputs left out).
+while IFS= read -r f; do
+  case $f in *.png) t=fuzz_png ;; *) t=fuzz_jpeg ;; esac
+  cp "$f" "$out/$t/$(seed_name "$f")"
+done < <(find "$golden/images/in" \( -name '*.png' -o -name '*.jpg' \) -size -40k | sort)
 
 for t in "${targets[@]}"; do
   echo "seeds: $t: $(find "$out/$t" -type f | wc -l) files, $(du -sk "$out/$t" | cut -f1) KiB"

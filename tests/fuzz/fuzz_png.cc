@@ -1,0 +1,30 @@
+// libFuzzer target: PNG decoding (io/image.h, libspng) on arbitrary bytes. A decoded image must
+// have the size its pixels say and lie within the limits; small ones are then re-encoded
+// (with a parameters text) and decoded again to the same pixels, and resized (PIL's Lanczos).
+#include <cstddef>
+#include <cstdint>
+
+#include "flowkv/limits.h"
+#include "fuzz_common.h"
+#include "io/image.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  flowkv::fuzz::expect_only_flowkv_errors([&] {
+    const flowkv::Image img = flowkv::decode_image(data, size, "fuzz.png");
+    FUZZ_ASSERT(img.width >= 1 && img.height >= 1 &&
+                    img.width * img.height <= flowkv::limits::kMaxImagePixels,
+                "accepted a %lldx%lld image", static_cast<long long>(img.width),
+                static_cast<long long>(img.height));
+    FUZZ_ASSERT(img.pixels.size() == static_cast<size_t>(img.width * img.height * 3),
+                "%zu bytes of pixels for %lldx%lld", img.pixels.size(),
+                static_cast<long long>(img.width), static_cast<long long>(img.height));
+    if (img.width * img.height > 4096) return;
+    const std::string png = flowkv::encode_png(img, "fuzz\nparameters");
+    const flowkv::Image back = flowkv::decode_image(reinterpret_cast<const uint8_t*>(png.data()),
+                                                    png.size(), "re-encoded");
+    FUZZ_ASSERT(back.pixels == img.pixels, "PNG round trip changed the pixels");
+    const flowkv::Image r = flowkv::resize_lanczos(img, img.width / 2 + 1, img.height * 2 + 1);
+    FUZZ_ASSERT(r.pixels.size() == static_cast<size_t>(r.width * r.height * 3), "resize size");
+  });
+  return 0;
+}
