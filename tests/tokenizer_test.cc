@@ -303,6 +303,31 @@ TEST(Tokenizer, MinimalTokenizerWorks) {
   EXPECT_EQ(t.decode(t.encode("ab<s>ba")), "ab<s>ba");
 }
 
+// Added tokens' single_word / lstrip / rstrip / normalized flags on a tiny tokenizer, against
+// `tokenizers` 0.23.3 (the Qwen3 file sets none of them).
+TEST(Tokenizer, AddedTokenFlagsMatchTokenizers) {
+  const Tokenizer t = Tokenizer::from_json_file(FLOWKV_GOLDEN_DIR "/tokenizer/tiny_tokenizer.json");
+  const std::pair<std::string, std::vector<int32_t>> cases[] = {
+      {"abc ab", {257, 32, 256}},
+      {"x <L>y", {120, 263, 121}},
+      {"x  \t<L>  y", {120, 263, 32, 32, 121}},
+      {"<s><L>", {262, 263}},
+      {"a<R>  b", {97, 264, 98}},
+      {"a<R>\n\nb", {97, 264, 98}},
+      {"word words aword word_ word!", {265, 32, 119, 111, 114, 100, 115, 258, 119, 111, 114,
+                                        100, 32, 119, 111, 114, 100, 95,  32,  265, 33}},
+      {"e\u0301! \u00e9!", {266, 32, 266}},
+      {"ccccc abcab", {261, 99, 32, 257, 256}},
+      {" ab <s>  <L><R> word", {32, 256, 32, 262, 263, 264, 265}},
+      {"wordword", {119, 111, 114, 100, 119, 111, 114, 100}},
+      {"\u00e9 word", {195, 169, 32, 265}},
+      {"<R> <L>", {264, 263}},
+      {"  <L>", {263}},
+  };
+  for (const auto& [text, ids] : cases) EXPECT_EQ(t.encode(text), ids) << shown(text);
+  EXPECT_EQ(t.decode(std::vector<int32_t>{262, 97, 264}, true), "a<R>");
+}
+
 TEST(Tokenizer, MalformedJsonIsAnErrorNamingTheField) {
   EXPECT_THROW(Tokenizer::from_json("{", "tok.json"), Error);
   EXPECT_THROW(Tokenizer::from_json_file("/nonexistent/tokenizer.json"), Error);
@@ -373,8 +398,12 @@ TEST(Tokenizer, MalformedJsonIsAnErrorNamingTheField) {
   j["added_tokens"].push_back({{"id", 258}, {"content", "<s>"}});
   expect_error(j, "added_tokens[1]: \"<s>\" is added twice");
   j = minimal();
-  j["added_tokens"][0]["id"] = 256;
-  expect_error(j, "added_tokens[0]: id 256 is \"ab\" in model.vocab");
+  j["added_tokens"][0]["content"] = "ab";
+  j["added_tokens"][0]["id"] = 3;
+  expect_error(j, "added_tokens[0]: \"ab\" has id 256 in model.vocab but 3 here");
+  j = minimal();
+  j["added_tokens"][0]["id"] = 300;
+  expect_error(j, "added_tokens[0]: id 300 for \"<s>\", but `tokenizers` would give it 257");
   j = minimal();
   j["added_tokens"][0]["special"] = "yes";
   expect_error(j, "added_tokens[0]: field \"special\" must be true or false");

@@ -201,10 +201,7 @@ void Tokenizer::Impl::load(const Json& j) {
     FLOWKV_CHECK(type == "ByteLevel", what, ": ", key, ".type: only ByteLevel is supported, got \"",
                  type, "\"");
   }
-  if (j.contains("added_tokens") && !j["added_tokens"].is_null()) load_added(j["added_tokens"]);
 
-  size = static_cast<int64_t>(vocab_r.size());
-  for (const AddedToken& t : added) size = std::max<int64_t>(size, int64_t{t.id} + 1);
   if (byte_level) {
     const ByteLevelAlphabet& abc = byte_level_alphabet();
     for (int b = 0; b < 256; ++b) {
@@ -218,6 +215,9 @@ void Tokenizer::Impl::load(const Json& j) {
                  ": pre_tokenizer: flowkv reads byte-level BPE tokenizers only (a "
                  "ByteLevel step is needed)");
   }
+  if (j.contains("added_tokens") && !j["added_tokens"].is_null()) load_added(j["added_tokens"]);
+  size = static_cast<int64_t>(vocab_r.size());
+  for (const AddedToken& t : added) size = std::max<int64_t>(size, int64_t{t.id} + 1);
 }
 
 void Tokenizer::Impl::load_model(const Json& m) {
@@ -300,6 +300,7 @@ void Tokenizer::Impl::load_added(const Json& a) {
   FLOWKV_CHECK(static_cast<int64_t>(a.size()) <= limits::kMaxAddedTokens, where, ": ", a.size(),
                " entries, more than the limit of ", limits::kMaxAddedTokens);
   added.reserve(a.size());
+  int64_t next_added_id = static_cast<int64_t>(vocab.size());
   for (size_t i = 0; i < a.size(); ++i) {
     const std::string w = where + "[" + std::to_string(i) + "]";
     const Json& e = a[i];
@@ -325,6 +326,14 @@ void Tokenizer::Impl::load_added(const Json& a) {
     FLOWKV_CHECK(t.id >= static_cast<int64_t>(vocab_r.size()) || vocab_r[t.id].empty() ||
                      vocab_r[t.id] == t.content,
                  w, ": id ", t.id, " is \"", vocab_r[t.id], "\" in model.vocab");
+    // `tokenizers` numbers an added token that is not in the vocabulary itself: the next id
+    // after the vocabulary's entries and the added tokens before it, whatever the file says.
+    if (in_vocab == vocab.end()) {
+      FLOWKV_CHECK(t.id == next_added_id, w, ": id ", t.id, " for \"", t.content,
+                   "\", but `tokenizers` would give it ", next_added_id,
+                   " (added tokens outside model.vocab are numbered on from the vocabulary)");
+      ++next_added_id;
+    }
     added_by_id.emplace(t.id, added.size());
     added_ids.emplace(t.content, t.id);
     added.push_back(std::move(t));
