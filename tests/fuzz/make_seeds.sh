@@ -8,7 +8,7 @@ root="$(cd "$(dirname "$0")/../.." && pwd)"
 golden="$root/tests/golden"
 
 targets=(fuzz_safetensors_header fuzz_shard_index fuzz_flux2_config fuzz_qwen_config
-         fuzz_inspect_folder fuzz_gguf fuzz_pipeline_index fuzz_png fuzz_jpeg)
+         fuzz_inspect_folder fuzz_gguf fuzz_pipeline_index fuzz_png fuzz_jpeg fuzz_tokenizer fuzz_tokenizer_json)
 for t in "${targets[@]}"; do rm -rf "${out:?}/$t"; mkdir -p "$out/$t"; done
 
 # Bytes of an unsigned integer, little-endian, on stdout.
@@ -70,6 +70,14 @@ while IFS= read -r f; do
   case $f in *.png) t=fuzz_png ;; *) t=fuzz_jpeg ;; esac
   cp "$f" "$out/$t/$(seed_name "$f")"
 done < <(find "$golden/images/in" \( -name '*.png' -o -name '*.jpg' \) -size -40k | sort)
+# Tokenizer: prompts (scripts, emoji, special-token text, CRLF, invalid UTF-8) and the tiny
+# tokenizer.json (the Qwen3 one is 11 MB: too large a seed).
+i=0
+for p in 'a photo of a cat' $'naïve cafe\xcc\x81 \r\n\t  x' '猫 🐱 👨‍👩‍👧 🇯🇵 12345678' \
+  "<|im_start|>user IT'S WE'LL<|im_end|><think>" $'\xff\xfe bad \xc3' 'مرحبا שָׁלוֹם नमस्ते สวัสดี'; do
+  printf '%s' "$p" >"$out/fuzz_tokenizer/prompt$((i++))"
+done
+cp "$golden/tokenizer/tiny_tokenizer.json" "$out/fuzz_tokenizer_json/"
 
 for t in "${targets[@]}"; do
   echo "seeds: $t: $(find "$out/$t" -type f | wc -l) files, $(du -sk "$out/$t" | cut -f1) KiB"
