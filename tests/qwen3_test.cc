@@ -113,6 +113,17 @@ TEST(Qwen3, LoadsOnlyTheLayersAskedFor) {
                {"hidden state 7", "only 6 layers"});
 }
 
+TEST(Qwen3, LoadsFromAPipelineFolder) {
+  // A diffusers pipeline folder (model_index.json beside text_encoder/, no config.json).
+  test::TempDir dir;
+  std::filesystem::create_directory_symlink(std::filesystem::absolute(golden("qwen3/bf16")),
+                                            dir.path() / "text_encoder");
+  test::write_file(dir.file("model_index.json"), "{}");
+  const auto enc = qwen3::Encoder::load(dir.path().string());
+  EXPECT_EQ(enc.config().hidden_size, 64);
+  EXPECT_EQ(enc.compute_dtype(), DType::kBF16);
+}
+
 TEST(Qwen3, Bf16WeightsStayTwoBytesAndCloseToF32) {
   Golden g;
   Ctx c;
