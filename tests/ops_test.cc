@@ -67,11 +67,29 @@ TEST(Ops, RmsNormRopeMatchesReference) {
     auto w = randn(hd, 8, 0.3f);
     for (float& v : w) v += 1.0f;
     auto cs = randn(seq * hd, 9), sn = randn(seq * hd, 10);
-    auto a = x, b = x;
-    ops::RopeRows rope{cs.data(), sn.data(), seq};
-    ops::rms_norm_rope(c.fast, make_mat(a.data(), rows, heads * hd), hd, w.data(), 1e-6f, rope);
-    ops::rms_norm_rope(c.ref, make_mat(b.data(), rows, heads * hd), hd, w.data(), 1e-6f, rope);
-    EXPECT_LE(compare(a.data(), b.data(), rows * heads * hd).rel(), 2e-6) << "hd " << hd;
+    for (bool half : {false, true}) {
+      auto a = x, b = x;
+      ops::RopeRows rope{cs.data(), sn.data(), seq, half};
+      ops::rms_norm_rope(c.fast, make_mat(a.data(), rows, heads * hd), hd, w.data(), 1e-6f, rope);
+      ops::rms_norm_rope(c.ref, make_mat(b.data(), rows, heads * hd), hd, w.data(), 1e-6f, rope);
+      EXPECT_LE(compare(a.data(), b.data(), rows * heads * hd).rel(), 2e-6)
+          << "hd " << hd << " half " << half;
+    }
+  }
+}
+
+TEST(Ops, RopeHalfPairsDimsIAndIPlusHalf) {
+  // One head of 4, weight 1, a unit-RMS input: rotate_half pairs (0, 2) and (1, 3).
+  Ctx c;
+  std::vector<float> x = {1, 1, 1, 1};
+  const float cs[4] = {0.5f, 0.25f, 0.5f, 0.25f}, sn[4] = {0.1f, 0.2f, 0.3f, 0.4f};
+  for (const ExecContext* ctx : {&c.fast, &c.ref}) {
+    auto v = x;
+    ops::rms_norm_rope(*ctx, make_mat(v.data(), 1, 4), 4, nullptr, 0.0f, {cs, sn, 1, true});
+    EXPECT_FLOAT_EQ(v[0], 1 * 0.5f - 1 * 0.1f);
+    EXPECT_FLOAT_EQ(v[1], 1 * 0.25f - 1 * 0.2f);
+    EXPECT_FLOAT_EQ(v[2], 1 * 0.5f + 1 * 0.3f);
+    EXPECT_FLOAT_EQ(v[3], 1 * 0.25f + 1 * 0.4f);
   }
 }
 
@@ -369,6 +387,46 @@ TEST(Ops, AttentionSplicedSourceEqualsContiguousKeys) {
   ops::attention(c.fast, shape, make_mat(q.data(), sq, w), s1, make_mat(o3.data(), sq, w));
   set_num_threads(0);
   EXPECT_TRUE(test::bit_equal(o1.data(), o3.data(), sq * w));
+}
+
+TEST(Ops, GroupedQueryAttentionEqualsRepeatedKeyValueHeads) {
+  // 6 query heads over 2 key/value heads: the same as the key/value heads repeated (repeat_kv:
+  // heads 0-2 read kv head 0, heads 3-5 kv head 1), causal with a key mask, fast and reference.
+  Ctx c;
+  const int64_t batch = 2, heads = 6, kvh = 2, hd = 16, sq = 37, w = heads * hd, wk = kvh * hd;
+  auto q = randn(batch * sq * w, 60), k = randn(batch * sq * wk, 61),
+       v = randn(batch * sq * wk, 62);
+  std::vector<float> kr(batch * sq * w), vr(batch * sq * w);
+  for (int64_t r = 0; r < batch * sq; ++r) {
+    for (int64_t h = 0; h < heads; ++h) {
+      std::memcpy(&kr[r * w + h * hd], &k[r * wk + (h / 3) * hd], hd * sizeof(float));
+      std::memcpy(&vr[r * w + h * hd], &v[r * wk + (h / 3) * hd], hd * sizeof(float));
+    }
+  }
+  std::vector<uint8_t> valid(batch * sq, 1);
+  for (int64_t j = 29; j < sq; ++j) valid[j] = 0;  // batch 0: right padding from 29
+  auto src = [&](std::vector<float>& kk, std::vector<float>& vv, int64_t width) {
+    ops::KVSource s = ops::KVSource::f32(make_mat(kk.data(), batch * sq, width),
+                                         make_mat(vv.data(), batch * sq, width), sq);
+    s.causal = true;
+    s.valid = valid.data();
+    return s;
+  };
+  std::vector<ops::KVSource> gqa{src(k, v, wk)}, full{src(kr, vr, w)};
+  ops::AttnShape gshape{batch, heads, hd, sq};
+  gshape.kv_heads = kvh;
+  const ops::AttnShape fshape{batch, heads, hd, sq};
+  std::vector<float> o1(batch * sq * w), o2(o1.size()), o3(o1.size()), o4(o1.size());
+  const Mat qm = make_mat(q.data(), batch * sq, w);
+  ops::attention(c.fast, gshape, qm, gqa, make_mat(o1.data(), batch * sq, w));
+  ops::attention(c.fast, fshape, qm, full, make_mat(o2.data(), batch * sq, w));
+  EXPECT_TRUE(test::bit_equal(o1.data(), o2.data(), batch * sq * w));
+  ops::attention(c.ref, gshape, qm, gqa, make_mat(o3.data(), batch * sq, w));
+  ops::attention(c.ref, fshape, qm, full, make_mat(o4.data(), batch * sq, w));
+  EXPECT_TRUE(test::bit_equal(o3.data(), o4.data(), batch * sq * w));
+  EXPECT_LE(compare(o1.data(), o3.data(), batch * sq * w).rel(), 2e-6);
+  gshape.kv_heads = 4;  // 6 heads cannot share 4
+  EXPECT_THROW(ops::attention(c.fast, gshape, qm, gqa, make_mat(o1.data(), batch * sq, w)), Error);
 }
 
 }  // namespace

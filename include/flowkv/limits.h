@@ -12,6 +12,8 @@ namespace flowkv::limits {
 inline constexpr int64_t kMaxBlocks = 1024;
 // Any width, channel count, head count or head dim of a model (FLUX.2 dev: 15,360).
 inline constexpr int64_t kMaxWidth = 65536;
+// Token ids of a text encoder's vocabulary (Qwen3: 151,936).
+inline constexpr int64_t kMaxVocab = int64_t{1} << 24;
 // MLP hidden size over model width (released: 3 and 4).
 inline constexpr double kMaxMlpRatio = 64;
 // Tokens of one sequence: target, text, references and condition images together

@@ -21,6 +21,9 @@ namespace {
 
 constexpr const char* kSingle = "diffusion_pytorch_model.safetensors";
 constexpr const char* kIndex = "diffusion_pytorch_model.safetensors.index.json";
+// What transformers' save_pretrained writes (a pipeline's text_encoder/).
+constexpr const char* kTfSingle = "model.safetensors";
+constexpr const char* kTfIndex = "model.safetensors.index.json";
 
 void add_file(CheckpointScan& scan, const std::string& file, bool lenient) {
   SafetensorsHeader h;
@@ -39,8 +42,8 @@ void add_file(CheckpointScan& scan, const std::string& file, bool lenient) {
   scan.files.push_back(file);
 }
 
-void scan_sharded(CheckpointScan& scan, const fs::path& dir, bool lenient) {
-  const std::string index_path = (dir / kIndex).string();
+void scan_sharded(CheckpointScan& scan, const fs::path& dir, const char* index_name, bool lenient) {
+  const std::string index_path = (dir / index_name).string();
   const Json index = read_json_file(index_path);
   FLOWKV_CHECK(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(),
                index_path, ": no \"weight_map\" object");
@@ -152,17 +155,25 @@ static CheckpointScan scan_checkpoint_unguarded(const std::string& path_in, bool
     scan.config.reset();
     scan.problems.push_back(e.what());
   }
-  if (path_exists((path / kIndex).string())) {
+  // diffusers' file names first, then transformers' (a text encoder folder).
+  const char* index = path_exists((path / kIndex).string())     ? kIndex
+                      : path_exists((path / kTfIndex).string()) ? kTfIndex
+                                                                : nullptr;
+  const char* single = path_exists((path / kSingle).string())     ? kSingle
+                       : path_exists((path / kTfSingle).string()) ? kTfSingle
+                                                                  : nullptr;
+  if (index) {
     try {
-      scan_sharded(scan, path, lenient);
+      scan_sharded(scan, path, index, lenient);
     } catch (const Error& e) {
       if (!lenient) throw;
       scan.problems.push_back(e.what());
     }
-  } else if (path_exists((path / kSingle).string())) {
-    add_file(scan, (path / kSingle).string(), lenient);
+  } else if (single) {
+    add_file(scan, (path / single).string(), lenient);
   } else {
-    const std::string msg = path.string() + ": no " + kSingle + " and no " + kIndex;
+    const std::string msg = path.string() + ": no " + kSingle + " and no " + kIndex +
+                            " (nor transformers' " + kTfSingle + " or " + kTfIndex + ")";
     if (!lenient) fail(msg);
     scan.problems.push_back(msg);
   }

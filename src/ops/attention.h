@@ -59,7 +59,13 @@ struct AttnShape {
   int64_t seq_q = 0;         // queries per batch element
   float scale = 0;           // 0: 1/sqrt(head_dim)
   int64_t q_batch_rows = 0;  // rows from one batch element's queries (and outputs) to the next
+  // Grouped-query attention: the sources hold kv_heads heads (0: heads), each read by
+  // heads / kv_heads consecutive query heads (query head h reads key/value head
+  // h / (heads / kv_heads), as transformers' repeat_kv). Key rows are kv_heads * head_dim wide.
+  int64_t kv_heads = 0;
   int64_t q_rows(int64_t b) const { return b * (q_batch_rows > 0 ? q_batch_rows : seq_q); }
+  int64_t kv_head_count() const { return kv_heads > 0 ? kv_heads : heads; }
+  int64_t kv_head(int64_t h) const { return h / (heads / kv_head_count()); }
 };
 
 void attention(const ExecContext& ctx, const AttnShape& shape, Mat q,

@@ -30,12 +30,16 @@ void layer_norm_modulate(const ExecContext& ctx, Mat x, Mat y, ModRows scale, Mo
 // x += gate * y  (gate absent: x += y)
 void gated_add(const ExecContext& ctx, Mat x, Mat y, ModRows gate);
 
-// Per head of width hd: x = RMSNorm(x) * weight, then (if cos/sin are given) the interleaved-pair
-// rotary embedding with row (r % seq) of the [seq, hd] cos and sin tables.
+// Per head of width hd: x = RMSNorm(x) * weight, then (if cos/sin are given) the rotary
+// embedding with row (r % seq) of the [seq, hd] cos and sin tables. Pairs are interleaved
+// (2i, 2i+1) (FLUX.2, Qwen-Image), or with `half` the two halves (i, i + hd/2), as transformers'
+// rotate_half (LLaMA, Qwen3): x[i]*cos[i] - x[i+hd/2]*sin[i] and x[i+hd/2]*cos[i+hd/2] +
+// x[i]*sin[i+hd/2].
 struct RopeRows {
   const float* cos = nullptr;
   const float* sin = nullptr;
   int64_t seq = 1;  // rows per batch element; table row = r % seq
+  bool half = false;
 };
 void rms_norm_rope(const ExecContext& ctx, Mat x, int64_t head_dim, const float* weight, float eps,
                    RopeRows rope);

@@ -9,6 +9,7 @@ golden="$root/tests/golden"
 
 targets=(fuzz_safetensors_header fuzz_shard_index fuzz_flux2_config fuzz_qwen_config
          fuzz_inspect_folder fuzz_gguf fuzz_pipeline_index fuzz_png fuzz_jpeg fuzz_tokenizer fuzz_tokenizer_json)
+         fuzz_qwen3_config fuzz_inspect_folder fuzz_gguf)
 for t in "${targets[@]}"; do rm -rf "${out:?}/$t"; mkdir -p "$out/$t"; done
 
 # Bytes of an unsigned integer, little-endian, on stdout.
@@ -35,10 +36,11 @@ while IFS= read -r f; do
   cp "$f" "$out/fuzz_shard_index/$(seed_name "$f")"
 done < <(find "$golden" -name '*.safetensors.index.json' | sort)
 
-# config.json of every family, to both config parsers (each must refuse the other's)
+# config.json of every family, to every config parser (each must refuse the others')
 while IFS= read -r f; do
   cp "$f" "$out/fuzz_flux2_config/$(seed_name "$f")"
   cp "$f" "$out/fuzz_qwen_config/$(seed_name "$f")"
+  cp "$f" "$out/fuzz_qwen3_config/$(seed_name "$f")"
 done < <(find "$golden" -name config.json | sort)
 
 # transformer folders with one safetensors file, in fuzz_inspect_folder's layout:

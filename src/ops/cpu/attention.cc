@@ -36,6 +36,8 @@ void attention(const ExecContext& ctx, const AttnShape& s, Mat q, std::span<cons
                    q.rows >= s.q_rows(s.batch - 1) + s.seq_q && out.rows == q.rows,
                "attention: query/output shapes do not match ", s.batch, "x", s.seq_q, "x", s.heads,
                "x", s.head_dim);
+  FLOWKV_CHECK(s.kv_head_count() >= 1 && s.heads % s.kv_head_count() == 0, "attention: ", s.heads,
+               " query heads cannot share ", s.kv_head_count(), " key/value heads");
   const auto& kern = cpu::attn_kernels();
   if (ctx.kernels == KernelPath::kReference || s.head_dim % kern.lanes != 0 || !ctx.arena) {
     return ref::attention(s, q, sources, out);
@@ -48,23 +50,24 @@ void attention(const ExecContext& ctx, const AttnShape& s, Mat q, std::span<cons
   const float scale = s.scale > 0 ? s.scale : 1.0f / std::sqrt(static_cast<float>(hd));
   const int64_t nsrc = static_cast<int64_t>(sources.size());
   FLOWKV_CHECK(nsrc <= kMaxSources, "attention: at most ", kMaxSources, " key sources");
-  // Packed storage: per source, per (b, h), nb*bk keys of hd floats for K and for V.
+  // Packed storage: per source, per (b, key/value head), nb*bk keys of hd floats for K and V.
+  const int64_t kvh = s.kv_head_count();
   std::vector<int64_t> per_head(static_cast<size_t>(nsrc));
   std::vector<float*> base(static_cast<size_t>(nsrc));
   for (int64_t i = 0; i < nsrc; ++i) {
     const int64_t nb = (sources[i].len + bk - 1) / bk;
     per_head[i] = nb * bk * hd;
-    base[i] = ws.floats(2 * per_head[i] * s.batch * s.heads);
+    base[i] = ws.floats(2 * per_head[i] * s.batch * kvh);
   }
-  const int64_t bh = s.batch * s.heads;
-  parallel_for(nsrc * bh, [&](int64_t t) {
-    const int64_t i = t / bh, b = (t % bh) / s.heads, h = t % s.heads;
+  const int64_t bkv = s.batch * kvh;
+  parallel_for(nsrc * bkv, [&](int64_t t) {
+    const int64_t i = t / bkv, b = (t % bkv) / kvh, h = t % kvh;
     const KVSource& src = sources[i];
     const int64_t es = src.dtype == DType::kBF16 ? 2 : 4;
     const int64_t row0 = b * src.batch_stride();
     const auto* k = static_cast<const std::byte*>(src.k) + (row0 * src.k_stride + h * hd) * es;
     const auto* v = static_cast<const std::byte*>(src.v) + (row0 * src.v_stride + h * hd) * es;
-    float* kt = base[i] + (b * s.heads + h) * 2 * per_head[i];
+    float* kt = base[i] + (b * kvh + h) * 2 * per_head[i];
     kern.pack(k, v, src.dtype == DType::kBF16, src.len, src.k_stride, src.v_stride, hd, kt,
               kt + per_head[i]);
   });
@@ -72,13 +75,14 @@ void attention(const ExecContext& ctx, const AttnShape& s, Mat q, std::span<cons
   const int64_t scratch_floats = cpu::attn_scratch_floats(kQueryTile, hd, bk);
   const int threads = num_threads();  // once: the scratch is sized for this team
   float* scratch = ws.floats(scratch_floats * threads);
+  const int64_t bh = s.batch * s.heads;
   parallel_for_on(threads, bh * tiles, [&](int64_t t) {
     const int64_t b = t / (s.heads * tiles), h = (t / tiles) % s.heads, tile = t % tiles;
     const int64_t i0 = tile * kQueryTile, nq = std::min(kQueryTile, s.seq_q - i0);
     cpu::PackedSource packed[kMaxSources];
     for (int64_t i = 0; i < nsrc; ++i) {
       const KVSource& src = sources[i];
-      const float* kt = base[i] + (b * s.heads + h) * 2 * per_head[i];
+      const float* kt = base[i] + (b * kvh + s.kv_head(h)) * 2 * per_head[i];
       packed[i] = {kt, kt + per_head[i], src.len, src.causal, src.causal_offset, src.valid_row(b)};
     }
     const int64_t row = s.q_rows(b) + i0;

@@ -54,7 +54,8 @@ void rms_norm_rope(const ExecContext& ctx, Mat x, int64_t head_dim, const float*
   for_row_blocks(x.rows, x.cols, [&](int64_t r) {
     const int64_t t = (r % rope.seq) * head_dim;
     k.rms_norm_rope(x.row(r), x.cols / head_dim, head_dim, weight, eps,
-                    rope.cos ? rope.cos + t : nullptr, rope.sin ? rope.sin + t : nullptr);
+                    rope.cos ? rope.cos + t : nullptr, rope.sin ? rope.sin + t : nullptr,
+                    rope.half);
   });
 }
 

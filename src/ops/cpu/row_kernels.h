@@ -10,8 +10,9 @@ struct RowKernels {
   void (*layer_norm_modulate)(const float* x, float* y, int64_t n, const float* scale,
                               const float* shift, float eps);
   void (*gated_add)(float* x, const float* y, const float* gate, int64_t n);
+  // half: rotate_half pairs (i, i + hd/2) instead of interleaved (2i, 2i+1).
   void (*rms_norm_rope)(float* x, int64_t heads, int64_t hd, const float* w, float eps,
-                        const float* cos, const float* sin);
+                        const float* cos, const float* sin, bool half);
   void (*swiglu)(const float* in, float* out, int64_t f);
   void (*silu)(const float* x, float* y, int64_t n);
   void (*gelu_tanh)(float* x, int64_t n);

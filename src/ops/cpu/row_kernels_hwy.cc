@@ -92,8 +92,34 @@ void GatedAdd(float* x, const float* y, const float* gate, int64_t n) {
   }
 }
 
+// The rotate_half rotation of one normalised head: pairs (i, i + hd/2).
+void RopeHalf(float* v, int64_t hd, const float* cos, const float* sin) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d)), n = hd / 2;
+  int64_t i = 0;
+  for (; i + N <= n; i += N) {
+    const auto a = hn::LoadU(d, v + i), b = hn::LoadU(d, v + n + i);
+    hn::StoreU(hn::NegMulAdd(b, hn::LoadU(d, sin + i), hn::Mul(a, hn::LoadU(d, cos + i))), d,
+               v + i);
+    hn::StoreU(hn::MulAdd(a, hn::LoadU(d, sin + n + i), hn::Mul(b, hn::LoadU(d, cos + n + i))), d,
+               v + n + i);
+  }
+  for (; i < n; ++i) {
+    const float a = v[i], b = v[n + i];
+    v[i] = a * cos[i] - b * sin[i];
+    v[n + i] = b * cos[n + i] + a * sin[n + i];
+  }
+}
+
 void RmsNormRope(float* x, int64_t heads, int64_t hd, const float* w, float eps, const float* cos,
-                 const float* sin) {
+                 const float* sin, bool half) {
+  if (half && cos) {
+    for (int64_t h = 0; h < heads; ++h) {
+      RmsNormRope(x + h * hd, 1, hd, w, eps, nullptr, nullptr, false);
+      RopeHalf(x + h * hd, hd, cos, sin);
+    }
+    return;
+  }
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   for (int64_t h = 0; h < heads; ++h) {
@@ -261,9 +287,9 @@ const RowKernels& row_kernels() {
         HWY_DYNAMIC_DISPATCH(GatedAdd)(x, y, g, n);
       },
       [](float* x, int64_t heads, int64_t hd, const float* w, float eps, const float* c,
-         const float* s) {
+         const float* s, bool half) {
         HWY_DYNAMIC_DISPATCH(RmsNormRope)
-        (x, heads, hd, w, eps, c, s);
+        (x, heads, hd, w, eps, c, s, half);
       },
       [](const float* in, float* out, int64_t f) {
         HWY_DYNAMIC_DISPATCH(Swiglu)

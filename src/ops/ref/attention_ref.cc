@@ -40,7 +40,7 @@ void attention(const AttnShape& s, Mat q, std::span<const KVSource> sources, Mat
         double mx = -std::numeric_limits<double>::infinity();
         for (size_t n = 0; n < keys.size(); ++n) {
           const KVSource& src = *keys[n].first;
-          const int64_t base = keys[n].second * src.k_stride + h * hd;
+          const int64_t base = keys[n].second * src.k_stride + s.kv_head(h) * hd;
           double acc = 0;
           for (int64_t d = 0; d < hd; ++d) acc += double(qi[d]) * load(src.k, src.dtype, base + d);
           scores[n] = acc * scale;
@@ -52,7 +52,8 @@ void attention(const AttnShape& s, Mat q, std::span<const KVSource> sources, Mat
           double acc = 0;
           for (size_t n = 0; n < keys.size(); ++n) {
             const KVSource& src = *keys[n].first;
-            acc += scores[n] * load(src.v, src.dtype, keys[n].second * src.v_stride + h * hd + d);
+            acc += scores[n] *
+                   load(src.v, src.dtype, keys[n].second * src.v_stride + s.kv_head(h) * hd + d);
           }
           oi[d] = static_cast<float>(acc / sum);
         }

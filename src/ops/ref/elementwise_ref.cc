@@ -49,6 +49,15 @@ void rms_norm_rope(Mat x, int64_t hd, const float* weight, float eps, RopeRows r
       const float inv = 1.0f / std::sqrt(static_cast<float>(ms / hd) + eps);
       for (int64_t i = 0; i < hd; ++i) v[i] = v[i] * inv * (weight ? weight[i] : 1.0f);
       if (!c) continue;
+      if (rope.half) {
+        const int64_t n = hd / 2;
+        for (int64_t i = 0; i < n; ++i) {
+          const float a = v[i], b = v[i + n];
+          v[i] = a * c[i] - b * s[i];
+          v[i + n] = b * c[i + n] + a * s[i + n];
+        }
+        continue;
+      }
       for (int64_t i = 0; i < hd; i += 2) {
         const float a = v[i], b = v[i + 1];
         v[i] = a * c[i] - b * s[i];

@@ -1,0 +1,367 @@
+// The Qwen3 encoder: loading (validate against the name table, then build the linear layers
+// of the layers needed) and the forward (transformers modeling_qwen3.py, Qwen3Model.forward).
+// Shapes in PyTorch order; activations are [B*L, C] matrices (core/mat.h).
+#include "models/qwen3/model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+
+#include "core/checked.h"
+#include "flowkv/error.h"
+#include "flowkv/limits.h"
+#include "models/common/blocks.h"
+#include "models/qwen3/weights.h"
+#include "ops/attention.h"
+#include "ops/linear.h"
+#include "ops/ops.h"
+#include "quant/quant.h"
+
+namespace flowkv::qwen3 {
+
+struct LayerWeights {
+  ops::Linear qkv;      // q_proj|k_proj|v_proj stacked: [Wq + 2 Wkv, H]
+  ops::Linear o;        // [H, Wq]
+  ops::Linear gate_up;  // gate_proj|up_proj stacked: [2F, H]
+  ops::Linear down;     // [H, F]
+  std::vector<float> input_norm, post_norm, q_norm, k_norm;
+};
+
+struct Encoder::Weights {
+  Config cfg;
+  DType compute = DType::kF32;
+  int64_t last = 0;         // highest hidden-state index computable
+  Tensor embed;             // [vocab, H] as stored (a view of the mapped file)
+  std::vector<float> norm;  // final norm, only when last == num_hidden_layers
+  std::vector<LayerWeights> layers;
+};
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::vector<float> vec(const Tensor& t) {
+  const Tensor f = t.to_f32();
+  return std::vector<float>(f.f32(), f.f32() + f.numel());
+}
+
+// lm_head is never read: present or not (tied embeddings), it is left out of the checks.
+std::map<std::string, TensorInfo> without_lm_head(const std::map<std::string, TensorInfo>& t) {
+  auto out = t;
+  out.erase(weight_name(GlobalW::kLmHead));
+  return out;
+}
+
+std::vector<ExpectedTensor> table_without_lm_head(const Config& c) {
+  auto t = weight_table(c);
+  std::erase_if(t, [](const ExpectedTensor& e) { return e.name == weight_name(GlobalW::kLmHead); });
+  return t;
+}
+
+DType choose_compute(const std::map<std::string, TensorInfo>& tensors,
+                     const std::vector<ExpectedTensor>& needed, const LoadOptions& opts) {
+  if (!opts.auto_dtype) return opts.compute;
+  for (const ExpectedTensor& e : needed) {
+    auto it = tensors.find(e.name);
+    if (it == tensors.end() || !it->second.dtype_known || it->second.dtype != DType::kBF16) {
+      return DType::kF32;
+    }
+  }
+  return DType::kBF16;
+}
+
+// transformers' default RoPE in f32: inv_freq[i] = 1 / theta^(2i/hd), angle = pos * inv_freq,
+// tables [L, hd] with the two halves equal (cat((freqs, freqs))).
+void rope_tables(const Config& c, int64_t seq, float* cos, float* sin) {
+  const int64_t hd = c.head_dim, half = hd / 2;
+  const float theta = static_cast<float>(c.rope_theta);
+  std::vector<float> inv(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i) {
+    const float e = static_cast<float>(2 * i) / static_cast<float>(hd);
+    inv[i] = 1.0f / static_cast<float>(std::pow(static_cast<double>(theta), double{e}));
+  }
+  for (int64_t p = 0; p < seq; ++p) {
+    for (int64_t i = 0; i < half; ++i) {
+      const float a = static_cast<float>(p) * inv[i];
+      const float cs = static_cast<float>(std::cos(double{a}));
+      const float sn = static_cast<float>(std::sin(double{a}));
+      cos[p * hd + i] = cos[p * hd + half + i] = cs;
+      sin[p * hd + i] = sin[p * hd + half + i] = sn;
+    }
+  }
+}
+
+void check_args(const Config& c, const EncodeArgs& a) {
+  FLOWKV_CHECK(a.batch >= 1 && a.batch <= limits::kMaxReferences, "qwen3 encode: batch ", a.batch,
+               " outside [1, ", limits::kMaxReferences, "]");
+  const int64_t n = static_cast<int64_t>(a.ids.size());
+  FLOWKV_CHECK(n > 0 && n % a.batch == 0, "qwen3 encode: ", n, " token ids do not make ", a.batch,
+               " equal rows");
+  FLOWKV_CHECK(n / a.batch <= limits::kMaxTokens, "qwen3 encode: ", n / a.batch,
+               " tokens per row exceed the limit of ", limits::kMaxTokens);
+  FLOWKV_CHECK(a.mask.empty() || a.mask.size() == a.ids.size(), "qwen3 encode: the mask has ",
+               a.mask.size(), " entries for ", n, " token ids");
+  for (int64_t i = 0; i < n; ++i) {
+    FLOWKV_CHECK(a.ids[i] >= 0 && a.ids[i] < c.vocab_size, "qwen3 encode: token id ", a.ids[i],
+                 " at row ", i / (n / a.batch), ", position ", i % (n / a.batch),
+                 " is outside the vocabulary [0, ", c.vocab_size, ")");
+    FLOWKV_CHECK(a.mask.empty() || a.mask[i] == 0 || a.mask[i] == 1,
+                 "qwen3 encode: attention mask value ", a.mask[i], " at row ", i / (n / a.batch),
+                 ", position ", i % (n / a.batch), " is not 0 or 1");
+  }
+}
+
+// Everything one forward shares.
+struct Run {
+  const ExecContext& ec;
+  const Encoder::Weights& w;
+  Arena& ws;
+  int64_t B, L, M, H, Wq, Wkv, hd, F;
+  float eps;
+  bool bf16;
+  const float* cos;
+  const float* sin;
+  const uint8_t* valid;  // [B, L] key mask
+};
+
+// x = RMSNorm(x) * weight into y (Qwen3RMSNorm over the row).
+void rms_norm(const Run& r, Mat x, const std::vector<float>& weight, Mat y) {
+  copy_rows(x, y);
+  ops::rms_norm_rope(r.ec, y, y.cols, weight.data(), r.eps, {});
+}
+
+// Torch holds a bf16 model's activations in bf16: with bf16 compute the residual stream and
+// q/k/v are rounded where the reference rounds them.
+void round_if_bf16(const Run& r, Mat m) {
+  if (r.bf16) ops::round_bf16(r.ec, m);
+}
+
+// Qwen3DecoderLayer: x += o_proj(attn(q_norm/k_norm + RoPE)); x += down(SiLU(gate) * up).
+void decoder_layer(const Run& r, const LayerWeights& lw, Mat x) {
+  ArenaScope scope(r.ws);
+  const int64_t qkv_w = r.Wq + 2 * r.Wkv;
+  Mat n = alloc_mat(r.ws, r.M, r.H), qkv = alloc_mat(r.ws, r.M, qkv_w);
+  Mat attn = alloc_mat(r.ws, r.M, r.Wq), y = alloc_mat(r.ws, r.M, r.H);
+  rms_norm(r, x, lw.input_norm, n);
+  lw.qkv.forward(r.ec, n, qkv);
+  const ops::RopeRows rope{r.cos, r.sin, r.L, true};
+  ops::rms_norm_rope(r.ec, qkv.cols_slice(0, r.Wq), r.hd, lw.q_norm.data(), r.eps, rope);
+  ops::rms_norm_rope(r.ec, qkv.cols_slice(r.Wq, r.Wkv), r.hd, lw.k_norm.data(), r.eps, rope);
+  round_if_bf16(r, qkv);
+  ops::KVSource kv =
+      ops::KVSource::f32(qkv.cols_slice(r.Wq, r.Wkv), qkv.cols_slice(r.Wq + r.Wkv, r.Wkv), r.L);
+  kv.causal = true;
+  kv.valid = r.valid;
+  ops::AttnShape shape{r.B, r.w.cfg.num_attention_heads, r.hd, r.L};
+  shape.kv_heads = r.w.cfg.num_key_value_heads;
+  ops::attention(r.ec, shape, qkv.cols_slice(0, r.Wq), {&kv, 1}, attn);
+  round_if_bf16(r, attn);
+  lw.o.forward(r.ec, attn, y);
+  round_if_bf16(r, y);
+  ops::gated_add(r.ec, x, y, {});
+  round_if_bf16(r, x);
+
+  ArenaScope mlp(r.ws);
+  Mat gu = alloc_mat(r.ws, r.M, 2 * r.F), u = alloc_mat(r.ws, r.M, r.F);
+  rms_norm(r, x, lw.post_norm, n);
+  lw.gate_up.forward(r.ec, n, gu);
+  round_if_bf16(r, gu);
+  ops::swiglu(r.ec, gu, u);
+  lw.down.forward(r.ec, u, y);
+  round_if_bf16(r, y);
+  ops::gated_add(r.ec, x, y, {});
+  round_if_bf16(r, x);
+}
+
+// Row `id` of the embedding table, widened to f32.
+void embed_row(const Tensor& table, int64_t id, float* out) {
+  const int64_t h = table.dim(1), row_bytes = dtype_bytes(table.dtype(), h);
+  quant::dequantize_row(table.dtype(), static_cast<const std::byte*>(table.raw()) + id * row_bytes,
+                        out, h);
+}
+
+}  // namespace
+
+Encoder Encoder::load(const std::string& path, const LoadOptions& opts) {
+  std::string dir = path;
+  if (!fs::exists(fs::path(path) / "config.json") &&
+      fs::exists(fs::path(path) / "text_encoder" / "config.json")) {
+    dir = (fs::path(path) / "text_encoder").string();
+  }
+  const CheckpointScan scan = scan_checkpoint(dir);
+  FLOWKV_CHECK(scan.config.has_value(), scan.path,
+               ": a Qwen3 text encoder needs its config.json (transformers' Qwen3Config)");
+  const Config cfg = Config::from_json(*scan.config, scan.path + "/config.json");
+  return from_scan(scan, cfg, opts);
+}
+
+Encoder Encoder::from_scan(const CheckpointScan& scan, const Config& cfg, const LoadOptions& opts) {
+  const int64_t last = opts.last_hidden_state < 0 ? cfg.num_hidden_layers : opts.last_hidden_state;
+  FLOWKV_CHECK(last <= cfg.num_hidden_layers, scan.path, ": hidden state ", last,
+               " asked for, but the model has only ", cfg.num_hidden_layers, " layers (indices 0..",
+               cfg.num_hidden_layers, ")");
+  const auto tensors = without_lm_head(scan.tensors);
+  const std::vector<std::string> problems =
+      check_against_table(tensors, table_without_lm_head(cfg));
+  if (!problems.empty()) {
+    fail(
+        format_problems(scan.path + " does not hold a Qwen3 text encoder of its config", problems));
+  }
+  const std::vector<ExpectedTensor> needed = needed_table(cfg, last);
+  const DType compute = choose_compute(tensors, needed, opts);
+  const std::string embed_name = weight_name(GlobalW::kEmbedTokens);
+  check_weights_fit(
+      needed,
+      [&](const ExpectedTensor& e) {
+        const TensorInfo& t = tensors.at(e.name);
+        // The embedding table stays as stored (rows are widened when looked up).
+        if (e.name == embed_name) return dtype_bytes(t.dtype, shape_numel(e.shape));
+        return ops::held_weight_bytes(t.dtype, e.shape, compute);
+      },
+      variant_name(cfg));
+
+  CheckpointReader reader(scan);
+  auto w = std::make_shared<Weights>();
+  w->cfg = cfg;
+  w->compute = compute;
+  w->last = last;
+  const ops::Compute dt{compute, opts.int8};
+  auto stack = [&](std::initializer_list<std::string> names) {
+    std::vector<Tensor> ts;
+    for (const auto& n : names) ts.push_back(reader.get(n));
+    return ops::Linear::stacked(ts, dt, opts.keep_plain);
+  };
+  w->embed = reader.get(embed_name);
+  for (int64_t l = 0; l < std::min(last, cfg.num_hidden_layers); ++l) {
+    auto n = [&](LayerW k) { return weight_name(l, k); };
+    LayerWeights lw;
+    lw.input_norm = vec(reader.get(n(LayerW::kInputNorm)));
+    lw.qkv = stack({n(LayerW::kQProj), n(LayerW::kKProj), n(LayerW::kVProj)});
+    lw.q_norm = vec(reader.get(n(LayerW::kQNorm)));
+    lw.k_norm = vec(reader.get(n(LayerW::kKNorm)));
+    lw.o = ops::Linear(reader.get(n(LayerW::kOProj)), dt, opts.keep_plain);
+    lw.post_norm = vec(reader.get(n(LayerW::kPostAttnNorm)));
+    lw.gate_up = stack({n(LayerW::kGateProj), n(LayerW::kUpProj)});
+    lw.down = ops::Linear(reader.get(n(LayerW::kDownProj)), dt, opts.keep_plain);
+    w->layers.push_back(std::move(lw));
+  }
+  if (last == cfg.num_hidden_layers) w->norm = vec(reader.get(weight_name(GlobalW::kNorm)));
+  Encoder e;
+  e.w_ = std::move(w);
+  return e;
+}
+
+const Config& Encoder::config() const {
+  return w_->cfg;
+}
+DType Encoder::compute_dtype() const {
+  return w_->compute;
+}
+int64_t Encoder::last_hidden_state() const {
+  return w_->last;
+}
+
+int64_t Encoder::weight_bytes() const {
+  int64_t b = w_->embed.nbytes() + static_cast<int64_t>(w_->norm.size()) * 4;
+  for (const LayerWeights& l : w_->layers) {
+    b += l.qkv.packed_bytes() + l.o.packed_bytes() + l.gate_up.packed_bytes() +
+         l.down.packed_bytes();
+    b += static_cast<int64_t>(l.input_norm.size() + l.post_norm.size() + l.q_norm.size() +
+                              l.k_norm.size()) *
+         4;
+  }
+  return b;
+}
+
+std::vector<Tensor> Encoder::hidden_states(const ExecContext& ctx, const EncodeArgs& args,
+                                           std::span<const int64_t> indices) const {
+  const Weights& w = *w_;
+  const Config& c = w.cfg;
+  FLOWKV_CHECK(ctx.arena, "qwen3 encode: the execution context has no workspace arena");
+  FLOWKV_CHECK(!indices.empty(), "qwen3 encode: no hidden state asked for");
+  for (int64_t k : indices) {
+    FLOWKV_CHECK(k >= 0 && k <= w.last, "qwen3 encode: hidden state ", k,
+                 " asked for; this encoder computes indices 0..", w.last,
+                 w.last < c.num_hidden_layers ? " (loaded up to that layer)" : "");
+  }
+  check_args(c, args);
+  Arena& ws = *ctx.arena;
+  ArenaScope scope(ws);
+  const int64_t B = args.batch, L = static_cast<int64_t>(args.ids.size()) / B;
+  const int64_t hd = c.head_dim;
+  Run r{ctx,
+        w,
+        ws,
+        B,
+        L,
+        B * L,
+        c.hidden_size,
+        c.q_width(),
+        c.kv_width(),
+        hd,
+        c.intermediate_size,
+        static_cast<float>(c.rms_norm_eps),
+        w.compute == DType::kBF16,
+        nullptr,
+        nullptr,
+        nullptr};
+  float* cos = ws.floats(L * hd);
+  float* sin = ws.floats(L * hd);
+  rope_tables(c, L, cos, sin);
+  if (r.bf16) {  // transformers casts the tables to the activations' dtype
+    ops::round_bf16(ctx, make_mat(cos, L, hd));
+    ops::round_bf16(ctx, make_mat(sin, L, hd));
+  }
+  r.cos = cos, r.sin = sin;
+  auto* valid = static_cast<uint8_t*>(ws.bytes(B * L));
+  for (int64_t i = 0; i < B * L; ++i) valid[i] = args.mask.empty() ? 1 : args.mask[i] != 0;
+  r.valid = valid;
+
+  Mat x = alloc_mat(ws, r.M, r.H);
+  for (int64_t i = 0; i < r.M; ++i) embed_row(w.embed, args.ids[i], x.row(i));
+  std::vector<Tensor> out(indices.size());
+  auto capture = [&](int64_t k, Mat m) {
+    for (size_t i = 0; i < indices.size(); ++i) {
+      if (indices[i] != k) continue;
+      out[i] = Tensor::empty({B, L, r.H});
+      std::memcpy(out[i].f32(), m.data, static_cast<size_t>(r.M * r.H) * sizeof(float));
+    }
+  };
+  const int64_t stop = *std::max_element(indices.begin(), indices.end());
+  capture(0, x);
+  for (int64_t l = 0; l < std::min(stop, c.num_hidden_layers); ++l) {
+    decoder_layer(r, w.layers[static_cast<size_t>(l)], x);
+    if (l + 1 < c.num_hidden_layers) capture(l + 1, x);
+  }
+  if (stop == c.num_hidden_layers) {
+    // The last hidden state is the final norm's output (transformers ties it to
+    // last_hidden_state).
+    ArenaScope s(ws);
+    Mat n = alloc_mat(ws, r.M, r.H);
+    rms_norm(r, x, w.norm, n);
+    round_if_bf16(r, n);
+    capture(c.num_hidden_layers, n);
+  }
+  return out;
+}
+
+Tensor klein_prompt_embeds(const ExecContext& ctx, const Encoder& enc, const EncodeArgs& args,
+                           std::span<const int64_t> layers) {
+  const std::vector<Tensor> hs = enc.hidden_states(ctx, args, layers);
+  const int64_t B = hs[0].dim(0), L = hs[0].dim(1), H = hs[0].dim(2);
+  const int64_t n = static_cast<int64_t>(hs.size());
+  Tensor out = Tensor::empty({B, L, n * H});
+  for (int64_t t = 0; t < B * L; ++t) {
+    for (int64_t i = 0; i < n; ++i) {
+      std::memcpy(out.f32() + (t * n + i) * H, hs[static_cast<size_t>(i)].f32() + t * H,
+                  static_cast<size_t>(H) * sizeof(float));
+    }
+  }
+  if (enc.compute_dtype() == DType::kBF16) {
+    ops::round_bf16(ctx, make_mat(out.f32(), B * L, n * H));
+  }
+  return out;
+}
+
+}  // namespace flowkv::qwen3

@@ -1,0 +1,103 @@
+#include "models/qwen3/weights.h"
+
+#include <iterator>
+
+namespace flowkv::qwen3 {
+
+namespace {
+
+constexpr const char* kGlobalNames[] = {
+    "model.embed_tokens.weight",
+    "model.norm.weight",
+    "lm_head.weight",
+};
+constexpr const char* kLayerNames[] = {
+    "input_layernorm.weight",  "self_attn.q_proj.weight",
+    "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+    "self_attn.o_proj.weight", "self_attn.q_norm.weight",
+    "self_attn.k_norm.weight", "post_attention_layernorm.weight",
+    "mlp.gate_proj.weight",    "mlp.up_proj.weight",
+    "mlp.down_proj.weight",
+};
+static_assert(std::size(kGlobalNames) == static_cast<size_t>(GlobalW::kCount));
+static_assert(std::size(kLayerNames) == static_cast<size_t>(LayerW::kCount));
+
+}  // namespace
+
+std::string weight_name(GlobalW w) {
+  return kGlobalNames[static_cast<int>(w)];
+}
+std::string weight_name(int64_t layer, LayerW w) {
+  return "model.layers." + std::to_string(layer) + "." + kLayerNames[static_cast<int>(w)];
+}
+
+Shape weight_shape(const Config& c, GlobalW w) {
+  switch (w) {
+    case GlobalW::kEmbedTokens:
+    case GlobalW::kLmHead:
+      return {c.vocab_size, c.hidden_size};
+    case GlobalW::kNorm:
+      return {c.hidden_size};
+    case GlobalW::kCount:
+      break;
+  }
+  return {};
+}
+
+Shape weight_shape(const Config& c, LayerW w) {
+  const int64_t h = c.hidden_size, f = c.intermediate_size;
+  switch (w) {
+    case LayerW::kInputNorm:
+    case LayerW::kPostAttnNorm:
+      return {h};
+    case LayerW::kQNorm:
+    case LayerW::kKNorm:
+      return {c.head_dim};
+    case LayerW::kQProj:
+      return {c.q_width(), h};
+    case LayerW::kKProj:
+    case LayerW::kVProj:
+      return {c.kv_width(), h};
+    case LayerW::kOProj:
+      return {h, c.q_width()};
+    case LayerW::kGateProj:
+    case LayerW::kUpProj:
+      return {f, h};
+    case LayerW::kDownProj:
+      return {h, f};
+    case LayerW::kCount:
+      break;
+  }
+  return {};
+}
+
+std::vector<ExpectedTensor> weight_table(const Config& c) {
+  std::vector<ExpectedTensor> t = needed_table(c, c.num_hidden_layers);
+  if (!c.tie_word_embeddings) {
+    t.push_back({weight_name(GlobalW::kLmHead), weight_shape(c, GlobalW::kLmHead)});
+  }
+  return t;
+}
+
+std::vector<ExpectedTensor> needed_table(const Config& c, int64_t last) {
+  std::vector<ExpectedTensor> t;
+  t.push_back({weight_name(GlobalW::kEmbedTokens), weight_shape(c, GlobalW::kEmbedTokens)});
+  for (int64_t l = 0; l < last && l < c.num_hidden_layers; ++l) {
+    for (int i = 0; i < static_cast<int>(LayerW::kCount); ++i) {
+      const auto w = static_cast<LayerW>(i);
+      t.push_back({weight_name(l, w), weight_shape(c, w)});
+    }
+  }
+  if (last >= c.num_hidden_layers) {
+    t.push_back({weight_name(GlobalW::kNorm), weight_shape(c, GlobalW::kNorm)});
+  }
+  return t;
+}
+
+int64_t parameter_count(const Config& c) {
+  int64_t n = 0;
+  for (const ExpectedTensor& e : weight_table(c)) n += shape_numel(e.shape);
+  return n;
+}
+
+}  // namespace flowkv::qwen3
