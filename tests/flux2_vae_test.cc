@@ -3,7 +3,11 @@
 // python/ref/dump_flux2_vae.py), tiled decode against diffusers' tiled_decode, and bad input.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cmath>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include "core/memory.h"
 #include "core/parallel.h"
@@ -114,6 +118,23 @@ TEST(VaeOps, GroupNormFastMatchesReference) {
       EXPECT_TRUE(test::bit_equal(shifted.data(), fast.data(), hw * c));
     }
   }
+}
+
+TEST(VaeOps, UpsampledConvReadsTheSmallImageInPlace) {
+  // conv(upsample(x)) with the upsampling fused into the im2col, against the two ops in turn.
+  const ops::Conv2dShape s = ops::Conv2dShape::same3x3(7, 5);
+  const ops::Conv2d conv(tensor_of(test::randn(5 * 7 * 9, 61, 0.3f), {5, 7, 3, 3}),
+                         tensor_of(test::randn(5, 62), {5}), s);
+  const int64_t h = 5, w = 9;
+  const std::vector<float> x = test::randn(h * w * 7, 63);
+  std::vector<float> u(static_cast<size_t>(4 * h * w * 7)), two(static_cast<size_t>(4 * h * w * 5));
+  std::vector<float> fused(two.size()), fused_ref(two.size());
+  ops::upsample_nearest2x(kFast, x.data(), h, w, 7, u.data());
+  conv.forward(kFast, u.data(), 2 * h, 2 * w, two.data());
+  conv.forward(kFast, x.data(), h, w, fused.data(), true);
+  conv.forward(kRef, x.data(), h, w, fused_ref.data(), true);
+  EXPECT_TRUE(test::bit_equal(fused.data(), two.data(), int64_t(two.size())));
+  EXPECT_LE(compare(fused.data(), fused_ref.data(), int64_t(two.size())).rel(), 2e-6);
 }
 
 TEST(VaeOps, UpsampleFastEqualsReference) {
@@ -358,6 +379,82 @@ TEST(VaeErrors, WrongImageShapes) {
       },
       {"VAE encode of a 256x256 image", "budget"});
   set_memory_budget_bytes(0);
+}
+
+}  // namespace
+}  // namespace flowkv
+
+namespace flowkv {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Real-size measurement (not in CI: disabled; run by hand with
+//   FLOWKV_VAE_MEASURE=decode|decode_tiled|encode [FLOWKV_VAE_SIZE=1024] [FLOWKV_VAE_TILE=64]
+//   ./build/tests/flux2_vae_test --gtest_also_run_disabled_tests --gtest_filter='*Measure*'
+// one mode per process: the peak RSS figure is the process's high-water mark after loading).
+
+int64_t rss_kib(const char* field) {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind(field, 0) == 0) return std::stoll(line.substr(std::strlen(field)));
+  }
+  return -1;
+}
+
+TEST(VaeMeasure, DISABLED_RealSize) {
+  const char* mode_env = std::getenv("FLOWKV_VAE_MEASURE");
+  const std::string mode = mode_env ? mode_env : "decode";
+  const int64_t size = std::getenv("FLOWKV_VAE_SIZE") ? std::atoll(std::getenv("FLOWKV_VAE_SIZE"))
+                                                      : (mode == "encode" ? 512 : 1024);
+  const int64_t tile =
+      std::getenv("FLOWKV_VAE_TILE") ? std::atoll(std::getenv("FLOWKV_VAE_TILE")) : 64;
+  const Config cfg;  // the released widths: 128/256/512/512, 2 resnets, latent 32
+  const auto tl = std::chrono::steady_clock::now();
+  std::map<std::string, Tensor> w;
+  uint64_t state = 12345;
+  for (const ExpectedTensor& e : flux2_vae::weight_table(cfg)) {
+    Tensor t = Tensor::empty(e.shape);
+    const int64_t fan_in = e.shape.size() > 1 ? shape_numel(e.shape) / e.shape[0] : 1;
+    const bool norm_scale = e.shape.size() == 1 && e.name.find("weight") != std::string::npos;
+    const float a = e.shape.size() > 1 ? std::sqrt(3.0f / float(fan_in)) : 0.0f;
+    float* p = t.f32();
+    for (int64_t i = 0, n = t.numel(); i < n; ++i) {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      const float u = float(state >> 40) / float(1 << 24) * 2 - 1;
+      p[i] = norm_scale ? 1.0f : a * u;
+    }
+    if (e.name == "bn.running_var") std::fill(t.f32(), t.f32() + t.numel(), 1.0f);
+    w[e.name] = t;
+  }
+  const auto tm = std::chrono::steady_clock::now();
+  const Vae vae = Vae::from_tensors(cfg, w);
+  w.clear();
+  std::printf("random weights %.1f s, model built %.1f s\n",
+              std::chrono::duration<double>(tm - tl).count(),
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - tm).count());
+  std::ofstream("/proc/self/clear_refs") << "5";  // reset the high-water mark to the current RSS
+  const int64_t base = rss_kib("VmRSS:");
+  const auto t0 = std::chrono::steady_clock::now();
+  if (mode == "encode") {
+    Tensor img = Tensor::empty({1, 3, size, size});
+    for (int64_t i = 0; i < img.numel(); ++i) img.f32()[i] = std::sin(float(i) * 0.001f);
+    const Tensor lat = vae.encode(kFast, img);
+    EXPECT_EQ(lat.dim(1), 128);
+  } else {
+    const Tensor lat = Tensor::from_vector(test::randn(128 * (size / 16) * (size / 16), 7),
+                                           {1, 128, size / 16, size / 16});
+    const DecodeOptions o{.tiled = mode == "decode_tiled", .tile_latent = tile};
+    const Tensor img = vae.decode(kFast, lat, o);
+    EXPECT_EQ(img.dim(2), size);
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf(
+      "VAE %s %lldx%lld (tile %lld latent px): %.2f s, %d threads; weights %.0f MiB; "
+      "RSS before %.0f MiB, peak %.0f MiB (peak above the loaded model: %.0f MiB)\n",
+      mode.c_str(), (long long)size, (long long)size, (long long)tile, secs, num_threads(),
+      vae.held_bytes() / 1048576.0, base / 1024.0, rss_kib("VmHWM:") / 1024.0,
+      (rss_kib("VmHWM:") - base) / 1024.0);
 }
 
 }  // namespace

@@ -51,8 +51,11 @@ class Conv2d {
   bool empty() const { return s_.out_channels == 0; }
   int64_t held_bytes() const;
 
-  // x [h, w, Cin] -> y [out_h, out_w, Cout]. x and y must not overlap.
-  void forward(const ExecContext& ctx, const float* x, int64_t h, int64_t w, float* y) const;
+  // x [h, w, Cin] -> y [out_h, out_w, Cout]. x and y must not overlap. With `upsample2x` the
+  // input is x upsampled 2x by nearest neighbour ([2h, 2w, Cin], diffusers' Upsample2D before
+  // its conv), read in place: the 4x larger upsampled image is never stored.
+  void forward(const ExecContext& ctx, const float* x, int64_t h, int64_t w, float* y,
+               bool upsample2x = false) const;
 
   // [Cout, K] rows, K = kernel*kernel*Cin (taps outer, channels inner), and the bias (or empty).
   const std::vector<float>& weight_rows() const { return w_; }

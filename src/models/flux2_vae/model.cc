@@ -440,10 +440,11 @@ static Act decode_one(const ExecContext& ctx, const Vae::Weights& w, const Confi
   for (size_t i = 0; i < w.up.size(); ++i) {
     for (const ResnetW& r : w.up[i].resnets) x = resnet(ctx, r, x, g);
     if (!w.up[i].resample.empty()) {
-      Act u = Act::make(2 * x.h, 2 * x.w, x.c);
-      ops::upsample_nearest2x(ctx, x.p(), x.h, x.w, x.c, u.p());
-      x = Act();
-      x = conv(ctx, w.up[i].resample, u);
+      // Upsample2D: nearest 2x, then a 3x3 conv reading the small image in place.
+      const Conv2d& cv = w.up[i].resample;
+      Act y = Act::make(2 * x.h, 2 * x.w, cv.shape().out_channels);
+      cv.forward(ctx, x.p(), x.h, x.w, y.p(), /*upsample2x=*/true);
+      x = std::move(y);
     }
     tr.add("decoder.up_blocks." + std::to_string(i), x, b);
   }

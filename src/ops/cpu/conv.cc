@@ -74,16 +74,24 @@ int64_t Conv2d::held_bytes() const {
   return static_cast<int64_t>((w_.size() + b_.size()) * sizeof(float));
 }
 
-void Conv2d::forward(const ExecContext& ctx, const float* x, int64_t h, int64_t w, float* y) const {
+void Conv2d::forward(const ExecContext& ctx, const float* x, int64_t h0, int64_t w0, float* y,
+                     bool upsample2x) const {
   FLOWKV_CHECK(!empty(), "conv2d: no weights");
+  const int64_t up = upsample2x ? 2 : 1, h = h0 * up, w = w0 * up;  // the (virtual) input
   FLOWKV_CHECK(h > 0 && w > 0 && s_.out_h(h) > 0 && s_.out_w(w) > 0, "conv2d: image ", h, "x", w,
                " is too small for the kernel");
-  if (ctx.kernels == KernelPath::kReference) return ref::conv2d(*this, x, h, w, y);
+  if (ctx.kernels == KernelPath::kReference) {
+    if (!upsample2x) return ref::conv2d(*this, x, h, w, y);
+    std::vector<float> u(static_cast<size_t>(h * w * s_.in_channels));
+    ref::upsample_nearest2x(x, h0, w0, s_.in_channels, u.data());
+    return ref::conv2d(*this, u.data(), h, w, y);
+  }
   const int64_t oh = s_.out_h(h), ow = s_.out_w(w), cin = s_.in_channels, n = s_.out_channels;
   const int64_t k = s_.taps() * cin, npix = oh * ow;
   const F32Rows rows{w_.data(), k};
   const RowSource src{&F32Rows::widen, &rows};
-  const bool direct = s_.kernel == 1 && s_.stride == 1 && s_.pad_top == 0 && s_.pad_left == 0;
+  const bool direct =
+      s_.kernel == 1 && s_.stride == 1 && s_.pad_top == 0 && s_.pad_left == 0 && up == 1;
   const int64_t bm = band_pixels(k);
   const int64_t tasks = (npix + bm - 1) / bm;
   parallel_for(tasks, [&](int64_t t) {
@@ -104,7 +112,7 @@ void Conv2d::forward(const ExecContext& ctx, const float* x, int64_t h, int64_t 
             if (iy < 0 || iy >= h || ix < 0 || ix >= w) {
               std::fill(dst, dst + cin, 0.0f);
             } else {
-              std::memcpy(dst, x + (iy * w + ix) * cin, static_cast<size_t>(cin) * 4);
+              std::memcpy(dst, x + ((iy / up) * w0 + ix / up) * cin, static_cast<size_t>(cin) * 4);
             }
           }
         }
