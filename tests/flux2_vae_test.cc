@@ -151,7 +151,7 @@ TEST(VaeOps, ConvAndGroupNormDoNotDependOnThreadCount) {
   const ops::Conv2dShape s = ops::Conv2dShape::same3x3(40, 24);
   const ops::Conv2d conv(tensor_of(test::randn(24 * 40 * 9, 41, 0.1f), {24, 40, 3, 3}),
                          tensor_of(test::randn(24, 42), {24}), s);
-  const int64_t h = 37, w = 29;
+  const int64_t h = 157, w = 129;  // above the size below which the ops run on one thread
   const std::vector<float> x = test::randn(h * w * 40, 43);
   std::vector<float> one(static_cast<size_t>(h * w * 24)), two(one.size()), g1(x.size()),
       g2(x.size());
@@ -276,15 +276,22 @@ TEST(VaeGolden, TiledDecodeMatchesDiffusersAndStatesSeamError) {
 }
 
 TEST(VaeGolden, DecodeDoesNotDependOnThreadCount) {
+  // 256x256: large enough that the convolutions, norms and attention run threaded.
   const VaeCase c("tiny");
+  const Tensor lat = Tensor::from_vector(test::randn(16 * 16 * 16, 71), {1, 16, 16, 16});
+  Tensor img = Tensor::from_vector(test::randn(3 * 256 * 256, 72, 0.5f), {1, 3, 256, 256});
+  const DecodeOptions tiled{.tiled = true, .tile_latent = 12};
   set_num_threads(1);
-  const Tensor a = c.vae.decode(kFast, c.in.at("latents"));
-  const Tensor ea = c.vae.encode(kFast, c.in.at("image"));
+  const Tensor a = c.vae.decode(kFast, lat);
+  const Tensor ta = c.vae.decode(kFast, lat, tiled);
+  const Tensor ea = c.vae.encode(kFast, img);
   set_num_threads(2);
-  const Tensor b = c.vae.decode(kFast, c.in.at("latents"));
-  const Tensor eb = c.vae.encode(kFast, c.in.at("image"));
+  const Tensor b = c.vae.decode(kFast, lat);
+  const Tensor tb = c.vae.decode(kFast, lat, tiled);
+  const Tensor eb = c.vae.encode(kFast, img);
   set_num_threads(0);
   EXPECT_TRUE(test::bit_equal(a.f32(), b.f32(), a.numel()));
+  EXPECT_TRUE(test::bit_equal(ta.f32(), tb.f32(), ta.numel()));
   EXPECT_TRUE(test::bit_equal(ea.f32(), eb.f32(), ea.numel()));
 }
 

@@ -334,7 +334,7 @@ void norm(const ExecContext& ctx, const Act& x, const Act& y, const NormW& n, in
 
 void add_into(Act& y, const Act& x) {
   const int64_t n = y.hw() * y.c, per = 1 << 16;
-  parallel_for((n + per - 1) / per, [&](int64_t t) {
+  parallel_for_on(n < (1 << 20) ? 1 : num_threads(), (n + per - 1) / per, [&](int64_t t) {
     const int64_t i1 = std::min(n, (t + 1) * per);
     for (int64_t i = t * per; i < i1; ++i) y.d[size_t(i)] = x.d[size_t(i)] + y.d[size_t(i)];
   });

@@ -36,6 +36,12 @@ int64_t band_pixels(int64_t k) {
   return bm / 6 * 6;
 }
 
+// Threads for a task list of about `work` multiply-adds: one below ~4M (a team's start and
+// barrier cost more than such work); the split itself never depends on it.
+int threads_for(double work) {
+  return work < double(1 << 22) ? 1 : num_threads();
+}
+
 }  // namespace
 
 Conv2d::Conv2d(const Tensor& weight, const Tensor& bias, const Conv2dShape& s) : s_(s) {
@@ -94,7 +100,7 @@ void Conv2d::forward(const ExecContext& ctx, const float* x, int64_t h0, int64_t
       s_.kernel == 1 && s_.stride == 1 && s_.pad_top == 0 && s_.pad_left == 0 && up == 1;
   const int64_t bm = band_pixels(k);
   const int64_t tasks = (npix + bm - 1) / bm;
-  parallel_for(tasks, [&](int64_t t) {
+  parallel_for_on(threads_for(double(npix) * double(k) * double(n)), tasks, [&](int64_t t) {
     const int64_t p0 = t * bm, m = std::min(bm, npix - p0);
     const float* a = x + p0 * cin;
     if (!direct) {
@@ -140,7 +146,8 @@ void group_norm(const ExecContext& ctx, const float* x, float* y, int64_t hw, in
   const int64_t nb = (hw + per - 1) / per;
   // Per task, per group: sum and sum of squares (double), added up in task order below.
   std::vector<double> part(static_cast<size_t>(nb * a.groups * 2));
-  parallel_for(nb, [&](int64_t t) {
+  const int threads = threads_for(double(hw) * double(c) * 8);
+  parallel_for_on(threads, nb, [&](int64_t t) {
     double* p = part.data() + t * a.groups * 2;
     const int64_t p1 = std::min(hw, (t + 1) * per);
     for (int64_t px = t * per; px < p1; ++px) {
@@ -177,7 +184,7 @@ void group_norm(const ExecContext& ctx, const float* x, float* y, int64_t hw, in
     }
   }
   const auto& kern = cpu::row_kernels();
-  parallel_for(nb, [&](int64_t t) {
+  parallel_for_on(threads, nb, [&](int64_t t) {
     const int64_t p0 = t * per, p1 = std::min(hw, p0 + per);
     for (int64_t px = p0; px < p1; ++px) {
       const float* r = x + px * c;
@@ -194,7 +201,7 @@ void upsample_nearest2x(const ExecContext& ctx, const float* x, int64_t h, int64
                         float* y) {
   if (ctx.kernels == KernelPath::kReference) return ref::upsample_nearest2x(x, h, w, c, y);
   const size_t px = static_cast<size_t>(c) * 4;
-  parallel_for(h, [&](int64_t iy) {
+  parallel_for_on(threads_for(double(h) * double(w) * double(c)), h, [&](int64_t iy) {
     float* row = y + (2 * iy) * (2 * w) * c;
     for (int64_t ix = 0; ix < w; ++ix) {
       const float* s = x + (iy * w + ix) * c;
