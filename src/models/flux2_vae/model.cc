@@ -627,8 +627,12 @@ Tensor Vae::decode_z(const ExecContext& ctx0, const Tensor& z, const DecodeOptio
                tile, " with overlap ", o.overlap,
                " does not give whole, consistent strides (diffusers' crop would misplace tiles)");
   const int64_t sh = tiled ? std::min(h, tile) : h, sw = tiled ? std::min(w, tile) : w;
-  std::vector<int64_t> rev(cfg_.decoder_channels().rbegin(), cfg_.decoder_channels().rend());
-  std::vector<int64_t> by_res(rev.rbegin(), rev.rend());  // widest first, as activation_bytes
+  // Channels per resolution, full resolution first: an up block's upsampling conv already
+  // writes the next finer level with its own (wider) channel count.
+  const auto& dc = cfg_.decoder_channels();
+  std::vector<int64_t> by_res(dc.size());
+  for (size_t i = 0; i < dc.size(); ++i)
+    by_res[i] = std::max(dc[i], dc[std::min(i + 1, dc.size() - 1)]);
   check_memory(
       checked_add(activation_bytes(by_res, sh * f, sw * f),
                   checked_mul(bsz * co, h * f * w * f * 4, "VAE image bytes"), "VAE decode"),
