@@ -39,6 +39,7 @@ read -r -a targets <<<"${FLOWKV_FUZZ_TARGETS:-fuzz_safetensors_header fuzz_shard
   fuzz_flux2_config fuzz_qwen_config fuzz_inspect_folder fuzz_gguf fuzz_tokenizer \
   fuzz_tokenizer_json}"
   fuzz_flux2_config fuzz_qwen_config fuzz_qwen3_config fuzz_inspect_folder fuzz_gguf}"
+  fuzz_flux2_config fuzz_qwen_config fuzz_inspect_folder fuzz_gguf fuzz_flux2_vae_config}"
 dict=tests/fuzz/json_safetensors.dict
 tests/fuzz/make_seeds.sh build-fuzz/seeds >/dev/null
 
