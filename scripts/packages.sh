@@ -2,8 +2,8 @@
 # packages that are not installed yet (apt-get update once per script, only when needed).
 # FLOWKV_PACKAGES: the project's own build dependencies, shared by setup, sanitize and fuzz.
 FLOWKV_PACKAGES=(cmake ninja-build g++ pkg-config libdnnl-dev libhwy-dev nlohmann-json3-dev
-                 libcli11-dev libgtest-dev libspng-dev libturbojpeg0-dev)
-                 libcli11-dev libgtest-dev libpcre2-dev libutf8proc-dev)
+                 libcli11-dev libgtest-dev libspng-dev libturbojpeg0-dev libpcre2-dev
+                 libutf8proc-dev)
 _flowkv_apt_updated=0
 install_missing() {
   local missing=() p sudo_cmd=()

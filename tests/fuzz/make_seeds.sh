@@ -8,9 +8,9 @@ root="$(cd "$(dirname "$0")/../.." && pwd)"
 golden="$root/tests/golden"
 
 targets=(fuzz_safetensors_header fuzz_shard_index fuzz_flux2_config fuzz_qwen_config
-         fuzz_inspect_folder fuzz_gguf fuzz_pipeline_index fuzz_png fuzz_jpeg fuzz_tokenizer fuzz_tokenizer_json)
-         fuzz_qwen3_config fuzz_inspect_folder fuzz_gguf)
-         fuzz_inspect_folder fuzz_gguf fuzz_flux2_vae_config)
+         fuzz_inspect_folder fuzz_gguf fuzz_pipeline_index fuzz_png
+         fuzz_jpeg fuzz_tokenizer fuzz_tokenizer_json fuzz_qwen3_config
+         fuzz_flux2_vae_config)
 for t in "${targets[@]}"; do rm -rf "${out:?}/$t"; mkdir -p "$out/$t"; done
 
 # Bytes of an unsigned integer, little-endian, on stdout.
