@@ -52,4 +52,8 @@ struct GenerateResult {
 GenerateResult generate(const std::string& pipeline_dir, const GenerateRequest& request,
                         const GenerateProgress& progress = {});
 
+// Writes the picture as a PNG with its parameters in a "parameters" text chunk, atomically:
+// the old file or the whole new one, never half of it.
+void save_png(const std::string& path, const GenerateResult& result);
+
 }  // namespace flowkv

@@ -12,8 +12,6 @@ namespace flowkv::limits {
 inline constexpr int64_t kMaxBlocks = 1024;
 // Any width, channel count, head count or head dim of a model (FLUX.2 dev: 15,360).
 inline constexpr int64_t kMaxWidth = 65536;
-// Token ids of a text encoder's vocabulary (Qwen3: 151,936).
-inline constexpr int64_t kMaxVocab = int64_t{1} << 24;
 // MLP hidden size over model width (released: 3 and 4).
 inline constexpr double kMaxMlpRatio = 64;
 // Tokens of one sequence: target, text, references and condition images together
@@ -45,7 +43,8 @@ inline constexpr int64_t kMaxGgufKeys = 65536;
 inline constexpr int64_t kMaxGgufStringBytes = int64_t{16} << 20;
 inline constexpr int64_t kMaxGgufArrayElements = int64_t{1} << 24;
 
-// Tokenizers (tokenizer.json): vocabulary entries and merges (Qwen3: 151,643 and 151,387),
+// Tokenizers (tokenizer.json) and text encoders: vocabulary entries (token ids of an encoder's
+// embedding table too; Qwen3: 151,643 ranks, 151,936 embeddings) and merges (Qwen3: 151,387),
 // bytes of one token (Qwen3: 256), added tokens (Qwen3: 26), and bytes of one text to encode
 // (a prompt is a few KiB).
 inline constexpr int64_t kMaxVocab = int64_t{1} << 22;

@@ -16,10 +16,12 @@
 
 #include "cache/hooks.h"
 #include "cost/cost_model.h"
+#include "flowkv/generate.h"
 #include "flowkv/inspect.h"
 #include "flowkv/model.h"
 #include "io/checkpoint.h"
 #include "io/json.h"
+#include "io/pipeline_folder.h"
 #include "segments/layout.h"
 
 namespace flowkv::pipeline {
@@ -96,6 +98,12 @@ struct Family {
       layout;
   // What its models publish for step caches (cache::Topology::tables).
   Tables tables;
+  // Optional: whether this family generates with a diffusers pipeline class (model_index.json
+  // _class_name), and the whole pipeline run from a prompt and pictures to a picture.
+  std::function<bool(const std::string& pipeline_class)> runs_pipeline;
+  std::function<GenerateResult(const PipelineFolder& pipeline, const GenerateRequest& request,
+                               const GenerateProgress& progress)>
+      generate;
 };
 
 // Every family, in registration order (families.cc holds the one list).
@@ -111,6 +119,11 @@ const Family* for_scan(const CheckpointScan& scan);
 const Family& resolve(const std::string& model);
 // A config.json given as a file, or the one of a checkpoint folder (nullopt: none).
 std::optional<Json> config_of(const std::string& path);
+
+// FLUX.2 Klein's whole pipeline (families/flux2_generate.cc).
+bool klein_runs_pipeline(const std::string& pipeline_class);
+GenerateResult flux2_generate(const PipelineFolder& p, const GenerateRequest& req,
+                              const GenerateProgress& progress);
 
 // Each family's registration (one file per family).
 Family flux2_family();

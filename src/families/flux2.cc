@@ -311,6 +311,8 @@ Family flux2_family() {
   };
   f.layout = layout_of;
   f.tables = flux1_tables();
+  f.runs_pipeline = klein_runs_pipeline;
+  f.generate = flux2_generate;
   return f;
 }
 
