@@ -10,6 +10,7 @@
 #include "core/arena.h"
 #include "core/random.h"
 #include "flowkv/generate.h"
+#include "flowkv/inspect.h"
 #include "golden_util.h"
 #include "io/image.h"
 #include "models/flux2_vae/model.h"
@@ -138,6 +139,25 @@ TEST_P(KleinPipeline, GenerateMatchesDiffusersPixels) {
   EXPECT_NE(res.parameters.find("Seed: 42"), std::string::npos) << res.parameters;
 }
 
+// inspect on a pipeline folder: every component, its class and bytes, and that they fit.
+TEST_P(KleinPipeline, InspectListsEveryComponent) {
+  const InspectReport r = inspect(pipe());
+  EXPECT_TRUE(r.ok()) << format_report(r);
+  EXPECT_EQ(r.family, "FLUX.2");
+  ASSERT_EQ(r.components.size(), 5u);
+  std::map<std::string, std::string> classes;
+  for (const ComponentReport& c : r.components) classes[c.name] = c.class_name;
+  EXPECT_EQ(classes["text_encoder"], "Qwen3ForCausalLM");
+  EXPECT_EQ(classes["vae"], "AutoencoderKLFlux2");
+  for (const ComponentReport& c : r.components) {
+    if (c.name == "text_encoder" || c.name == "vae" || c.name == "transformer") {
+      EXPECT_GT(c.parameters, 0) << c.name;
+      EXPECT_GT(c.bytes_by_dtype.at("F32"), 0) << c.name;
+    }
+  }
+  EXPECT_NE(format_report(r).find("pipeline:"), std::string::npos);
+}
+
 INSTANTIATE_TEST_SUITE_P(Golden, KleinPipeline, ::testing::Values(Case{"kv"}, Case{"base"}),
                          [](const auto& i) { return i.param.name; });
 
@@ -170,6 +190,11 @@ TEST(GenerateErrors, MismatchedComponentsAreNamed) {
   r.prompt = "a fox";
   test::expect_error([&] { generate(p.string(), r); },
                      {"joint_attention_dim", "mismatched components"});
+  const InspectReport rep = inspect(p.string());
+  EXPECT_EQ(rep.pipeline_class, "Flux2KleinKVPipeline");
+  ASSERT_FALSE(rep.ok());
+  EXPECT_NE(rep.problems.back().find("joint_attention_dim"), std::string::npos)
+      << format_report(rep);
   std::filesystem::remove_all(p / "vae");
   test::expect_error([&] { generate(p.string(), r); }, {"vae"});
 }

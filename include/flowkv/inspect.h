@@ -10,6 +10,15 @@
 
 namespace flowkv {
 
+// One component of a pipeline folder (model_index.json): its class and what its files hold.
+struct ComponentReport {
+  std::string name;        // "transformer", "text_encoder", "tokenizer", "vae", "scheduler"
+  std::string class_name;  // as model_index.json names it
+  int64_t parameters = 0;
+  std::map<std::string, int64_t> bytes_by_dtype;  // weights as stored
+  std::string note;  // what else is known ("tokenizer.json 11.4 MB", "missing", ...)
+};
+
 struct InspectReport {
   std::string path;
   std::string layout;   // "diffusers folder", "diffusers folder, N shards", "BFL single file",
@@ -31,6 +40,10 @@ struct InspectReport {
   std::string memory_request;
   int64_t request_kv_bytes = 0, request_activation_bytes = 0;
   bool config_inferred = false;
+  // A pipeline folder: its class and every component (the transformer's figures are the
+  // report's own), and whether they fit together (mismatches are problems).
+  std::string pipeline_class;
+  std::vector<ComponentReport> components;
   std::vector<std::string> problems;  // every problem found; empty when the files are sound
   bool ok() const { return problems.empty(); }
 };

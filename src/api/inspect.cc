@@ -1,4 +1,5 @@
 #include "flowkv/inspect.h"
+#include <filesystem>
 
 #include <sstream>
 
@@ -6,6 +7,7 @@
 #include "flowkv/error.h"
 #include "flowkv/predict.h"
 #include "io/checkpoint.h"
+#include "io/pipeline_folder.h"
 #include "ops/linear.h"
 
 namespace flowkv {
@@ -87,6 +89,44 @@ void predict_memory(const CheckpointScan& scan, InspectReport& r) {
   }
 }
 
+// A pipeline folder: every component's class and stored bytes, and whether they fit together.
+void inspect_pipeline(const PipelineFolder& p, InspectReport& r) {
+  namespace fs = std::filesystem;
+  r.pipeline_class = p.class_name;
+  for (const auto& [name, c] : p.components) {
+    ComponentReport cr{.name = name, .class_name = c.class_name};
+    if (!path_exists(c.path)) {
+      cr.note = "missing";
+      r.problems.push_back(p.path + "/model_index.json names " + name + "/, which is missing");
+    } else if (name == "tokenizer") {
+      const std::string tj = c.path + "/tokenizer.json";
+      cr.note = path_exists(tj) ? "tokenizer.json " + std::to_string(fs::file_size(tj)) + " bytes"
+                                : "no tokenizer.json";
+    } else if (name == "scheduler") {
+      cr.note = path_exists(c.path + "/scheduler_config.json") ? "scheduler_config.json"
+                                                               : "no scheduler_config.json";
+    } else {
+      const CheckpointScan scan = scan_checkpoint(c.path, /*lenient=*/true);
+      for (const auto& [n, t] : scan.tensors) {
+        cr.parameters += shape_numel(t.shape);
+        cr.bytes_by_dtype[t.dtype_name] += t.end - t.begin;
+      }
+      for (const std::string& q : scan.problems) r.problems.push_back(name + ": " + q);
+    }
+    r.components.push_back(cr);
+  }
+  for (const families::Family& f : families::registry()) {
+    if (!f.runs_pipeline || !f.runs_pipeline(p.class_name)) continue;
+    try {
+      if (f.check_pipeline) f.check_pipeline(p);
+    } catch (const Error& e) {
+      r.problems.push_back(e.what());
+    }
+    return;
+  }
+  r.problems.push_back("flowkv does not generate with a " + p.class_name + " pipeline");
+}
+
 }  // namespace
 
 InspectReport inspect(const std::string& path, const InspectOptions& opts) {
@@ -114,6 +154,16 @@ InspectReport inspect(const std::string& path, const InspectOptions& opts) {
     predict_memory(scan, r);
   } else {
     unknown(scan, r);
+  }
+  // The pipeline folder itself (not one of its component folders): every component.
+  if (path_kind(path) == PathKind::kFolder && path_exists(path + "/model_index.json")) {
+    try {
+      if (const std::optional<PipelineFolder> p = find_pipeline_folder(path)) {
+        inspect_pipeline(*p, r);
+      }
+    } catch (const Error& e) {
+      r.problems.push_back(e.what());
+    }
   }
   return r;
 }
@@ -147,6 +197,16 @@ std::string format_report(const InspectReport& r) {
         << gib(r.held_weight_bytes + r.request_kv_bytes + r.request_activation_bytes);
     }
     o << " (" << r.memory_request << ")\n";
+  }
+  if (!r.pipeline_class.empty()) {
+    o << "pipeline:   " << r.pipeline_class << " (" << r.components.size() << " components)\n";
+    for (const ComponentReport& c : r.components) {
+      o << "  " << c.name << ": " << c.class_name;
+      if (c.parameters > 0) o << ", " << static_cast<double>(c.parameters) / 1e9 << " B parameters";
+      for (const auto& [dt, b] : c.bytes_by_dtype) o << ", " << dt << " " << gib(b);
+      if (!c.note.empty()) o << ", " << c.note;
+      o << "\n";
+    }
   }
   if (!r.metadata.empty()) {
     o << "metadata:   " << r.metadata.size() << " keys\n";

@@ -30,7 +30,12 @@ void export_builtin(const std::string& name, uint64_t seed, const std::string& d
 
 void export_zero_weights(const std::string& name, const std::string& dtype,
                          const std::string& dir) {
-  const families::Family& f = families::resolve(name);
+  // "SHAPE-pipeline": the whole pipeline folder of a released shape, where its family writes one.
+  const std::string suffix = "-pipeline";
+  const bool pipeline = name.size() > suffix.size() &&
+                        name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  const families::Family& f =
+      families::resolve(pipeline ? name.substr(0, name.size() - suffix.size()) : name);
   FLOWKV_CHECK(f.write_zeros, "the ", f.info.title, " family cannot write zero-weight shapes");
   f.write_zeros(name, dtype, dir);
 }

@@ -101,6 +101,9 @@ struct Family {
   // Optional: whether this family generates with a diffusers pipeline class (model_index.json
   // _class_name), and the whole pipeline run from a prompt and pictures to a picture.
   std::function<bool(const std::string& pipeline_class)> runs_pipeline;
+  // Optional: checks a pipeline folder's components fit together before anything loads (a
+  // flowkv::Error naming the mismatch); inspect reports it, generate refuses with it.
+  std::function<void(const PipelineFolder& pipeline)> check_pipeline;
   std::function<GenerateResult(const PipelineFolder& pipeline, const GenerateRequest& request,
                                const GenerateProgress& progress)>
       generate;
@@ -122,6 +125,7 @@ std::optional<Json> config_of(const std::string& path);
 
 // FLUX.2 Klein's whole pipeline (families/flux2_generate.cc).
 bool klein_runs_pipeline(const std::string& pipeline_class);
+void klein_check_pipeline(const PipelineFolder& p);
 GenerateResult flux2_generate(const PipelineFolder& p, const GenerateRequest& req,
                               const GenerateProgress& progress);
 

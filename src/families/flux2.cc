@@ -1,16 +1,22 @@
 // FLUX.2 (Klein 4B / 9B / 9B KV, dev): diffusers Flux2Transformer2DModel, or an original BFL
 // single file recognised by its tensors. Its exact cache keeps the Klein KV references.
 #include "families/flux2.h"
+#include <filesystem>
 #include "families/adapters.h"
 #include "families/family.h"
 #include "families/flux2_impl.h"
 #include "flowkv/error.h"
+#include "io/atomic_file.h"
 #include "io/mapped_file.h"
 #include "io/pipeline_folder.h"
 #include "models/flux2/builtin.h"
 #include "models/flux2/config.h"
 #include "models/flux2/layout.h"
 #include "models/flux2/weights.h"
+#include "models/flux2_vae/config.h"
+#include "models/flux2_vae/weights.h"
+#include "models/qwen3/config.h"
+#include "models/qwen3/weights.h"
 #include "pipeline/denoise.h"
 #include "pipeline/request_limits.h"
 
@@ -246,6 +252,50 @@ FamilyInfo info() {
   return i;
 }
 
+// A released Klein shape as a whole pipeline folder of zero weights (sparse files): transformer,
+// its Qwen3 text encoder, the released VAE, the scheduler and model_index.json. The tokenizer is
+// not weights: copy a real tokenizer/ folder in (docs/bench.md says how).
+void write_zero_pipeline(const std::string& shape, const std::string& dtype,
+                         const std::string& dir) {
+  flux2::Config c;
+  FLOWKV_CHECK(shape != "dev" && flux2::released_config(shape, &c), "no released Klein shape '",
+               shape,
+               "' to write as a pipeline (klein-9b-kv-pipeline, klein-9b-pipeline, "
+               "klein-4b-pipeline)");
+  const DType dt = parse_dtype_option(dtype).compute;
+  namespace fs = std::filesystem;
+  write_zero_folder((fs::path(dir) / "transformer").string(), c.to_json(), flux2::weight_table(c),
+                    dt);
+  qwen3::Config te;
+  FLOWKV_CHECK(
+      qwen3::released_config(c.joint_attention_dim == 3 * 2560 ? "qwen3-4b" : "qwen3-8b", &te),
+      "no Qwen3 encoder for joint_attention_dim ", c.joint_attention_dim);
+  write_zero_folder((fs::path(dir) / "text_encoder").string(), te.to_json(),
+                    qwen3::weight_table(te), dt);
+  const flux2_vae::Config vae;  // the released VAE
+  write_zero_folder((fs::path(dir) / "vae").string(), vae.to_json(), flux2_vae::weight_table(vae),
+                    dt);
+  fs::create_directories(fs::path(dir) / "scheduler");
+  const Json sched = {{"_class_name", "FlowMatchEulerDiscreteScheduler"},
+                      {"num_train_timesteps", 1000},
+                      {"shift", 3.0},
+                      {"use_dynamic_shifting", true},
+                      {"base_shift", 0.5},
+                      {"max_shift", 1.15},
+                      {"base_image_seq_len", 256},
+                      {"max_image_seq_len", 4096}};
+  write_file_atomic((fs::path(dir) / "scheduler/scheduler_config.json").string(), sched.dump(2));
+  const bool kv = shape == "klein-9b-kv";
+  Json index = {{"_class_name", kv ? "Flux2KleinKVPipeline" : "Flux2KleinPipeline"},
+                {"scheduler", {"diffusers", "FlowMatchEulerDiscreteScheduler"}},
+                {"text_encoder", {"transformers", "Qwen3ForCausalLM"}},
+                {"tokenizer", {"transformers", "Qwen2Tokenizer"}},
+                {"transformer", {"diffusers", "Flux2Transformer2DModel"}},
+                {"vae", {"diffusers", "AutoencoderKLFlux2"}}};
+  if (!kv) index["is_distilled"] = true;
+  write_file_atomic((fs::path(dir) / "model_index.json").string(), index.dump(2));
+}
+
 std::shared_ptr<const FamilyModel> wrap(Flux2Transformer t,
                                         Flux2References refs = Flux2References::kKleinKV) {
   return std::make_shared<Flux2Model>(std::move(t), refs);
@@ -297,6 +347,9 @@ Family flux2_family() {
   };
   f.write_builtin = Flux2Transformer::write_builtin;
   f.write_zeros = [](const std::string& name, const std::string& dtype, const std::string& dir) {
+    if (name.size() > 9 && name.substr(name.size() - 9) == "-pipeline") {
+      return write_zero_pipeline(name.substr(0, name.size() - 9), dtype, dir);
+    }
     flux2::Config c;
     FLOWKV_CHECK(flux2::released_config(name, &c) || flux2::builtin_config(name, &c),
                  "no released shape or built-in FLUX.2 model '", name, "'");
@@ -312,6 +365,7 @@ Family flux2_family() {
   f.layout = layout_of;
   f.tables = flux1_tables();
   f.runs_pipeline = klein_runs_pipeline;
+  f.check_pipeline = klein_check_pipeline;
   f.generate = flux2_generate;
   return f;
 }

@@ -217,6 +217,10 @@ GenerateResult generate_klein(const PipelineFolder& p, const GenerateRequest& re
 
 }  // namespace
 
+void klein_check_pipeline(const PipelineFolder& p) {
+  (void)check_components(p);
+}
+
 bool klein_runs_pipeline(const std::string& pipeline_class) {
   return pipeline_class == "Flux2KleinKVPipeline" || pipeline_class == "Flux2KleinPipeline";
 }

@@ -198,7 +198,9 @@ void add_export(CLI::App& app) {
       "export-builtin",
       "Write a built-in model as a diffusers-format folder (config.json + safetensors).\n"
       "With --zeros, NAME may also be a released shape (klein-9b-kv, qwen-image-2.1, ...): all\n"
-      "weights zero, written as holes of sparse files, for real-size memory checks.");
+      "weights zero, written as holes of sparse files, for real-size memory checks;\n"
+      "klein-9b-kv-pipeline (klein-9b-, klein-4b-) writes the whole pipeline folder but its\n"
+      "tokenizer/ (copy a real one in).");
   struct Opts {
     bool zeros = false;
     std::string name, dir, dtype = "f32";
