@@ -242,6 +242,11 @@ TEST(Image, HugeHeadersAreRefusedBeforeAllocating) {
   jpg[sof + 6] = jpg[sof + 8] = static_cast<char>(30000 & 0xff);
   write_file(tmp.file("huge.jpg"), jpg);
   expect_error([&] { load_image(tmp.file("huge.jpg")); }, {"huge.jpg", "30000x30000", "limit"});
+  // A caller's own, lower limit.
+  const std::string png = read_file(dir() + "in/rgb.png");
+  expect_error(
+      [&] { decode_image(reinterpret_cast<const uint8_t*>(png.data()), png.size(), "small", 100); },
+      {"small", "37x23", "caller's limit of 100"});
 }
 
 TEST(Image, BadFilesAreClearErrors) {

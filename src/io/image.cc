@@ -45,6 +45,11 @@ void check_image_size(int64_t width, int64_t height, const std::string& what) {
 
 namespace {
 
+void check_pixels(int64_t width, int64_t height, int64_t max_pixels, const std::string& what) {
+  FLOWKV_CHECK(width * height <= max_pixels, what, ": the image is ", width, "x", height, " = ",
+               width * height, " pixels, more than the caller's limit of ", max_pixels);
+}
+
 // ---- EXIF and XMP orientation ----
 
 // The Orientation tag (0x0112) of IFD0 of a TIFF-structured EXIF block (after "Exif\0\0").
@@ -136,7 +141,7 @@ struct SpngDeleter {
 };
 using SpngCtx = std::unique_ptr<spng_ctx, SpngDeleter>;
 
-Image decode_png(const uint8_t* data, size_t size, const std::string& what) {
+Image decode_png(const uint8_t* data, size_t size, const std::string& what, int64_t max_pixels) {
   SpngCtx ctx(spng_ctx_new(0));
   FLOWKV_CHECK(ctx, what, ": out of memory creating the PNG decoder");
   auto check = [&](int r, const char* stage) {
@@ -158,6 +163,7 @@ Image decode_png(const uint8_t* data, size_t size, const std::string& what) {
   }
   check(hr, "header");
   check_image_size(ihdr.width, ihdr.height, what);
+  check_pixels(ihdr.width, ihdr.height, max_pixels, what);
 
   // 16-bit grey without alpha: PIL's "I;16", which convert("RGB") clips at 255.
   const bool grey16 = ihdr.color_type == SPNG_COLOR_TYPE_GRAYSCALE && ihdr.bit_depth == 16;
@@ -258,7 +264,7 @@ struct TjDeleter {
   void operator()(void* h) const { tjDestroy(h); }
 };
 
-Image decode_jpeg(const uint8_t* data, size_t size, const std::string& what) {
+Image decode_jpeg(const uint8_t* data, size_t size, const std::string& what, int64_t max_pixels) {
   const JpegMetadata meta = scan_jpeg(data, size);
   FLOWKV_CHECK(meta.scans <= kMaxJpegScans, what, ": the JPEG has more than ", kMaxJpegScans,
                " scans (a progressive file this fragmented is refused: decoding it costs one pass "
@@ -272,6 +278,7 @@ Image decode_jpeg(const uint8_t* data, size_t size, const std::string& what) {
                what, ": not a valid JPEG file (", tjGetErrorStr2(tj.get()), ")");
   FLOWKV_CHECK(w > 0 && h > 0, what, ": not a valid JPEG file (no frame header)");
   check_image_size(w, h, what);
+  check_pixels(w, h, max_pixels, what);
   const bool cmyk = colorspace == TJCS_CMYK || colorspace == TJCS_YCCK;
   Image img = Image::blank(w, h, what);
   std::vector<uint8_t> four;
@@ -343,11 +350,12 @@ Image Image::blank(int64_t width, int64_t height, const std::string& what) {
   return img;
 }
 
-Image decode_image(const uint8_t* data, size_t size, const std::string& what) {
+Image decode_image(const uint8_t* data, size_t size, const std::string& what, int64_t max_pixels) {
   FLOWKV_CHECK(size > 0, what, ": the file is empty, not an image");
-  if (size >= 8 && std::memcmp(data, kPngSignature, 8) == 0) return decode_png(data, size, what);
+  if (size >= 8 && std::memcmp(data, kPngSignature, 8) == 0)
+    return decode_png(data, size, what, max_pixels);
   if (size >= 3 && data[0] == 0xFF && data[1] == 0xD8 && data[2] == 0xFF) {
-    return decode_jpeg(data, size, what);
+    return decode_jpeg(data, size, what, max_pixels);
   }
   fail(what, ": not a PNG or JPEG file (unrecognised signature)");
 }

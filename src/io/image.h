@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "flowkv/limits.h"
+
 namespace flowkv {
 
 // 8-bit RGB pixels, rows top to bottom, [H, W, 3].
@@ -34,8 +36,11 @@ void check_image_size(int64_t width, int64_t height, const std::string& what);
 
 // Reads and decodes a PNG or JPEG file (told apart by their signatures, not the name).
 Image load_image(const std::string& path);
-// Decodes bytes in memory; `what` names the source in errors.
-Image decode_image(const uint8_t* data, size_t size, const std::string& what);
+// Decodes bytes in memory; `what` names the source in errors. `max_pixels` (at most the limit)
+// lets a caller bound the work further (the fuzz targets: a small file may claim, and cost the
+// decoding of, a large image).
+Image decode_image(const uint8_t* data, size_t size, const std::string& what,
+                   int64_t max_pixels = limits::kMaxImagePixels);
 
 // PNG bytes of an RGB image; `parameters`, when not empty, goes into a text chunk of that name
 // (tEXt when it is ASCII, else UTF-8 iTXt, as PIL's PngInfo.add_text writes it), where
