@@ -46,11 +46,11 @@ inline constexpr int64_t kMaxGgufArrayElements = int64_t{1} << 24;
 // Tokenizers (tokenizer.json) and text encoders: vocabulary entries (token ids of an encoder's
 // embedding table too; Qwen3: 151,643 ranks, 151,936 embeddings) and merges (Qwen3: 151,387),
 // bytes of one token (Qwen3: 256), added tokens (Qwen3: 26), and bytes of one text to encode
-// (a prompt is a few KiB).
+// (a prompt is a few KiB; a 16 MiB word takes ~400 MiB to merge).
 inline constexpr int64_t kMaxVocab = int64_t{1} << 22;
 inline constexpr int64_t kMaxMerges = int64_t{1} << 22;
 inline constexpr int64_t kMaxTokenBytes = 4096;
 inline constexpr int64_t kMaxAddedTokens = 65536;
-inline constexpr int64_t kMaxTextBytes = int64_t{64} << 20;
+inline constexpr int64_t kMaxTextBytes = int64_t{16} << 20;
 
 }  // namespace flowkv::limits

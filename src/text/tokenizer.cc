@@ -244,10 +244,14 @@ void Tokenizer::Impl::load_model(const Json& m) {
                " entries, more than the limit of ", limits::kMaxVocab);
   int64_t max_id = -1;
   for (const auto& [token, id] : v.items()) {
-    const std::string w = where + ".vocab[\"" + token.substr(0, 64) + "\"]";
-    FLOWKV_CHECK(!token.empty() && static_cast<int64_t>(token.size()) <= limits::kMaxTokenBytes, w,
-                 ": a token must have 1 to ", limits::kMaxTokenBytes, " bytes, got ", token.size());
-    max_id = std::max(max_id, json_int_value(id, 0, limits::kMaxVocab - 1, w));
+    FLOWKV_CHECK(!token.empty() && static_cast<int64_t>(token.size()) <= limits::kMaxTokenBytes,
+                 where, ".vocab[\"", token.substr(0, 64), "\"]: a token must have 1 to ",
+                 limits::kMaxTokenBytes, " bytes, got ", token.size());
+    const bool plain = id.is_number_unsigned() && id.get<uint64_t>() < limits::kMaxVocab;
+    max_id =
+        std::max(max_id, plain ? static_cast<int64_t>(id.get<uint64_t>())
+                               : json_int_value(id, 0, limits::kMaxVocab - 1,
+                                                where + ".vocab[\"" + token.substr(0, 64) + "\"]"));
   }
   vocab.reserve(v.size());
   vocab_r.assign(static_cast<size_t>(max_id + 1), std::string());
@@ -267,27 +271,27 @@ void Tokenizer::Impl::load_model(const Json& m) {
   merges.reserve(ms.size());
   std::string left, right;
   for (size_t i = 0; i < ms.size(); ++i) {
-    const std::string w = where + ".merges[" + std::to_string(i) + "]";
+    // (The field name is built only for an error: 151,387 merges.)
     const Json& e = ms[i];
     if (e.is_string()) {  // "a b"
       const std::string& s = e.get_ref<const std::string&>();
       const size_t sp = s.find(' ');
       FLOWKV_CHECK(sp != std::string::npos && sp > 0 && sp + 1 < s.size() &&
                        s.find(' ', sp + 1) == std::string::npos,
-                   w, ": a merge must be two tokens separated by one space");
+                   where, ".merges[", i, "]: a merge must be two tokens separated by one space");
       left = s.substr(0, sp);
       right = s.substr(sp + 1);
     } else {
-      FLOWKV_CHECK(e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string(), w,
-                   ": a merge must be a string \"a b\" or a list of two strings");
+      FLOWKV_CHECK(e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string(), where,
+                   ".merges[", i, "]: a merge must be a string \"a b\" or a list of two strings");
       left = e[0].get<std::string>();
       right = e[1].get<std::string>();
     }
     const auto a = vocab.find(left), b = vocab.find(right), ab = vocab.find(left + right);
-    FLOWKV_CHECK(a != vocab.end() && b != vocab.end(), w, ": \"",
+    FLOWKV_CHECK(a != vocab.end() && b != vocab.end(), where, ".merges[", i, "]: \"",
                  (a == vocab.end() ? left : right).substr(0, 64), "\" is not in model.vocab");
-    FLOWKV_CHECK(ab != vocab.end(), w, ": the merged token \"", (left + right).substr(0, 64),
-                 "\" is not in model.vocab");
+    FLOWKV_CHECK(ab != vocab.end(), where, ".merges[", i, "]: the merged token \"",
+                 (left + right).substr(0, 64), "\" is not in model.vocab");
     const uint64_t key =
         (static_cast<uint64_t>(a->second) << 32) | static_cast<uint32_t>(b->second);
     merges.emplace(key, Merge{static_cast<int32_t>(i), ab->second});  // first rank wins
