@@ -109,6 +109,9 @@ TEST(Qwen3, LoadsOnlyTheLayersAskedFor) {
   const std::vector<int64_t> four = {4};
   expect_error([&] { part.hidden_states(c.ec, g.args(), four); },
                {"hidden state 4", "indices 0..3"});
+  // Klein's default (9, 18, 27) is beyond this tiny model.
+  expect_error([&] { qwen3::klein_prompt_embeds(c.ec, full, g.args()); },
+               {"hidden state 9", "indices 0..6"});
   expect_error([&] { qwen3::Encoder::load(golden("qwen3/f32"), {.last_hidden_state = 7}); },
                {"hidden state 7", "only 6 layers"});
 }
