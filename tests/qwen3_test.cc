@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "core/memory.h"
 #include "core/parallel.h"
 #include "flowkv/io.h"
 #include "golden_util.h"
@@ -246,6 +247,10 @@ TEST(Qwen3, BadTokensAndMasksAreErrors) {
   expect_error([&] { enc.hidden_states(c.ec, {ids, mask, g.batch}, idx); }, {"mask has"});
   expect_error([&] { enc.hidden_states(c.ec, {ids, {}, 3}, idx); }, {"3 equal rows"});
   expect_error([&] { enc.hidden_states(c.ec, {{}, {}, 1}, idx); }, {"token ids"});
+  // Activations beyond the memory budget are refused before they are allocated.
+  set_memory_budget_bytes(64 << 10);
+  expect_error([&] { enc.hidden_states(c.ec, g.args(), idx); }, {"qwen3 encode activations"});
+  set_memory_budget_bytes(0);
 }
 
 TEST(Qwen3, MissingAndMisshapenTensorsAreErrors) {
