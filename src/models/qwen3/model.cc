@@ -12,6 +12,7 @@
 #include "core/memory.h"
 #include "flowkv/error.h"
 #include "flowkv/limits.h"
+#include "io/mapped_file.h"
 #include "models/common/blocks.h"
 #include "models/qwen3/weights.h"
 #include "ops/attention.h"
@@ -195,11 +196,11 @@ void embed_row(const Tensor& table, int64_t id, float* out) {
 }  // namespace
 
 Encoder Encoder::load(const std::string& path, const LoadOptions& opts) {
-  std::string dir = path;
-  if (!fs::exists(fs::path(path) / "config.json") &&
-      fs::exists(fs::path(path) / "text_encoder" / "config.json")) {
-    dir = (fs::path(path) / "text_encoder").string();
-  }
+  // A pipeline folder holds its encoder in text_encoder/ (stat-based checks: nothing throws).
+  const std::string sub = (fs::path(path) / "text_encoder").string();
+  const bool pipeline = !path_exists((fs::path(path) / "config.json").string()) &&
+                        path_exists((fs::path(sub) / "config.json").string());
+  const std::string dir = pipeline ? sub : path;
   const CheckpointScan scan = scan_checkpoint(dir);
   FLOWKV_CHECK(scan.config.has_value(), scan.path,
                ": a Qwen3 text encoder needs its config.json (transformers' Qwen3Config)");
