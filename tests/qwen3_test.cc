@@ -4,10 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
 
+#include "core/memory.h"
 #include "core/parallel.h"
 #include "flowkv/io.h"
 #include "golden_util.h"
@@ -109,6 +111,9 @@ TEST(Qwen3, LoadsOnlyTheLayersAskedFor) {
   const std::vector<int64_t> four = {4};
   expect_error([&] { part.hidden_states(c.ec, g.args(), four); },
                {"hidden state 4", "indices 0..3"});
+  // Klein's default (9, 18, 27) is beyond this tiny model.
+  expect_error([&] { qwen3::klein_prompt_embeds(c.ec, full, g.args()); },
+               {"hidden state 9", "indices 0..6"});
   expect_error([&] { qwen3::Encoder::load(golden("qwen3/f32"), {.last_hidden_state = 7}); },
                {"hidden state 7", "only 6 layers"});
 }
@@ -216,6 +221,12 @@ TEST(Qwen3, PaddedRowsDoNotChangeRealRows) {
   const int64_t H = enc.config().hidden_size, real = 11;
   EXPECT_LE(compare(a.f32(), both.f32(), g.seq * H).rel(), 1e-6);
   EXPECT_TRUE(test::bit_equal(a.f32(), b.f32(), real * H));
+  // Left padding leaves the first query rows with no allowed key: their attention output is
+  // zero (transformers' backends disagree there), never NaN.
+  std::vector<int32_t> left(g.seq, 1);
+  left[0] = left[1] = 0;
+  const Tensor l = enc.hidden_states(c.ec, {ids0, left, 1}, idx)[0];
+  for (int64_t i = 0; i < l.numel(); ++i) ASSERT_TRUE(std::isfinite(l.f32()[i])) << i;
 }
 
 TEST(Qwen3, BadTokensAndMasksAreErrors) {
@@ -243,6 +254,10 @@ TEST(Qwen3, BadTokensAndMasksAreErrors) {
   expect_error([&] { enc.hidden_states(c.ec, {ids, mask, g.batch}, idx); }, {"mask has"});
   expect_error([&] { enc.hidden_states(c.ec, {ids, {}, 3}, idx); }, {"3 equal rows"});
   expect_error([&] { enc.hidden_states(c.ec, {{}, {}, 1}, idx); }, {"token ids"});
+  // Activations beyond the memory budget are refused before they are allocated.
+  set_memory_budget_bytes(64 << 10);
+  expect_error([&] { enc.hidden_states(c.ec, g.args(), idx); }, {"qwen3 encode activations"});
+  set_memory_budget_bytes(0);
 }
 
 TEST(Qwen3, MissingAndMisshapenTensorsAreErrors) {

@@ -9,8 +9,10 @@
 #include <filesystem>
 
 #include "core/checked.h"
+#include "core/memory.h"
 #include "flowkv/error.h"
 #include "flowkv/limits.h"
+#include "io/mapped_file.h"
 #include "models/common/blocks.h"
 #include "models/qwen3/weights.h"
 #include "ops/attention.h"
@@ -92,24 +94,34 @@ void rope_tables(const Config& c, int64_t seq, float* cos, float* sin) {
   }
 }
 
-void check_args(const Config& c, const EncodeArgs& a) {
-  FLOWKV_CHECK(a.batch >= 1 && a.batch <= limits::kMaxReferences, "qwen3 encode: batch ", a.batch,
-               " outside [1, ", limits::kMaxReferences, "]");
+void check_args(const Config& c, const EncodeArgs& a, size_t outputs) {
   const int64_t n = static_cast<int64_t>(a.ids.size());
+  FLOWKV_CHECK(a.batch >= 1, "qwen3 encode: batch ", a.batch, " must be at least 1");
   FLOWKV_CHECK(n > 0 && n % a.batch == 0, "qwen3 encode: ", n, " token ids do not make ", a.batch,
                " equal rows");
-  FLOWKV_CHECK(n / a.batch <= limits::kMaxTokens, "qwen3 encode: ", n / a.batch,
-               " tokens per row exceed the limit of ", limits::kMaxTokens);
+  FLOWKV_CHECK(n <= limits::kMaxTokens, "qwen3 encode: ", n,
+               " tokens (all rows together) exceed the limit of ", limits::kMaxTokens);
   FLOWKV_CHECK(a.mask.empty() || a.mask.size() == a.ids.size(), "qwen3 encode: the mask has ",
                a.mask.size(), " entries for ", n, " token ids");
+  const int64_t L = n / a.batch;
   for (int64_t i = 0; i < n; ++i) {
     FLOWKV_CHECK(a.ids[i] >= 0 && a.ids[i] < c.vocab_size, "qwen3 encode: token id ", a.ids[i],
-                 " at row ", i / (n / a.batch), ", position ", i % (n / a.batch),
-                 " is outside the vocabulary [0, ", c.vocab_size, ")");
+                 " at row ", i / L, ", position ", i % L, " is outside the vocabulary [0, ",
+                 c.vocab_size, ")");
     FLOWKV_CHECK(a.mask.empty() || a.mask[i] == 0 || a.mask[i] == 1,
-                 "qwen3 encode: attention mask value ", a.mask[i], " at row ", i / (n / a.batch),
-                 ", position ", i % (n / a.batch), " is not 0 or 1");
+                 "qwen3 encode: attention mask value ", a.mask[i], " at row ", i / L, ", position ",
+                 i % L, " is not 0 or 1");
   }
+  // Activations of one layer (x, the norm, q|k|v, attention, projection, gate|up, SwiGLU), the
+  // RoPE tables and the hidden states returned, checked before any of them is allocated.
+  const std::string what = "qwen3 encode activations";
+  const int64_t per_row =
+      c.hidden_size * 3 + c.q_width() * 2 + c.kv_width() * 2 + c.intermediate_size * 3;
+  int64_t floats = checked_mul(n, per_row, what);
+  floats = checked_add(floats, checked_mul(2 * L, c.head_dim, what), what);
+  const int64_t states = checked_mul(n, c.hidden_size, what);
+  floats = checked_add(floats, checked_mul(states, static_cast<int64_t>(outputs), what), what);
+  check_memory(checked_mul(floats, 4, what), what, "encode fewer or shorter prompts");
 }
 
 // Everything one forward shares.
@@ -120,9 +132,9 @@ struct Run {
   int64_t B, L, M, H, Wq, Wkv, hd, F;
   float eps;
   bool bf16;
-  const float* cos;
-  const float* sin;
-  const uint8_t* valid;  // [B, L] key mask
+  const float* cos = nullptr;  // RoPE tables [L, hd]
+  const float* sin = nullptr;
+  const uint8_t* valid = nullptr;  // [B, L] key mask
 };
 
 // x = RMSNorm(x) * weight into y (Qwen3RMSNorm over the row).
@@ -184,11 +196,11 @@ void embed_row(const Tensor& table, int64_t id, float* out) {
 }  // namespace
 
 Encoder Encoder::load(const std::string& path, const LoadOptions& opts) {
-  std::string dir = path;
-  if (!fs::exists(fs::path(path) / "config.json") &&
-      fs::exists(fs::path(path) / "text_encoder" / "config.json")) {
-    dir = (fs::path(path) / "text_encoder").string();
-  }
+  // A pipeline folder holds its encoder in text_encoder/ (stat-based checks: nothing throws).
+  const std::string sub = (fs::path(path) / "text_encoder").string();
+  const bool pipeline = !path_exists((fs::path(path) / "config.json").string()) &&
+                        path_exists((fs::path(sub) / "config.json").string());
+  const std::string dir = pipeline ? sub : path;
   const CheckpointScan scan = scan_checkpoint(dir);
   FLOWKV_CHECK(scan.config.has_value(), scan.path,
                ": a Qwen3 text encoder needs its config.json (transformers' Qwen3Config)");
@@ -285,27 +297,24 @@ std::vector<Tensor> Encoder::hidden_states(const ExecContext& ctx, const EncodeA
                  " asked for; this encoder computes indices 0..", w.last,
                  w.last < c.num_hidden_layers ? " (loaded up to that layer)" : "");
   }
-  check_args(c, args);
+  check_args(c, args, indices.size());
   Arena& ws = *ctx.arena;
   ArenaScope scope(ws);
   const int64_t B = args.batch, L = static_cast<int64_t>(args.ids.size()) / B;
   const int64_t hd = c.head_dim;
-  Run r{ctx,
-        w,
-        ws,
-        B,
-        L,
-        B * L,
-        c.hidden_size,
-        c.q_width(),
-        c.kv_width(),
-        hd,
-        c.intermediate_size,
-        static_cast<float>(c.rms_norm_eps),
-        w.compute == DType::kBF16,
-        nullptr,
-        nullptr,
-        nullptr};
+  Run r{.ec = ctx,
+        .w = w,
+        .ws = ws,
+        .B = B,
+        .L = L,
+        .M = B * L,
+        .H = c.hidden_size,
+        .Wq = c.q_width(),
+        .Wkv = c.kv_width(),
+        .hd = hd,
+        .F = c.intermediate_size,
+        .eps = static_cast<float>(c.rms_norm_eps),
+        .bf16 = w.compute == DType::kBF16};
   float* cos = ws.floats(L * hd);
   float* sin = ws.floats(L * hd);
   rope_tables(c, L, cos, sin);
