@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 
 #include "core/arena.h"
@@ -199,7 +200,15 @@ Vae Vae::from_tensors(const Config& c, const std::map<std::string, Tensor>& tens
   return Vae(c, build(c, [&](const std::string& n) { return tensors.at(n); }));
 }
 
-Vae Vae::load(const std::string& dir) {
+Vae Vae::load(const std::string& path) {
+  // A pipeline folder holds its VAE in vae/ (scan_checkpoint alone would pick transformer/).
+  namespace fs = std::filesystem;
+  std::string dir = path;
+  std::error_code ec;
+  if (!fs::exists(fs::path(path) / "config.json", ec) &&
+      fs::exists(fs::path(path) / "vae" / "config.json", ec)) {
+    dir = (fs::path(path) / "vae").string();
+  }
   const CheckpointScan scan = scan_checkpoint(dir);
   FLOWKV_CHECK(scan.config.has_value() && !scan.single_file, dir,
                ": expected a diffusers VAE folder (config.json and safetensors)");
