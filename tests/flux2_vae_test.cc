@@ -295,6 +295,30 @@ TEST(VaeGolden, DecodeDoesNotDependOnThreadCount) {
   EXPECT_TRUE(test::bit_equal(ea.f32(), eb.f32(), ea.numel()));
 }
 
+TEST(VaeGolden, Bf16WeightsAreWidenedAndPipelineFolderFindsVae) {
+  // The plain case saved as BF16 in a pipeline-shaped folder (<root>/vae/): load widens every
+  // weight exactly, so it decodes as the f32 model built from the bf16-rounded tensors.
+  const std::string dir = test::golden("flux2_vae/plain/vae");
+  const CheckpointScan scan = scan_checkpoint(dir);
+  CheckpointReader reader(scan);
+  std::map<std::string, Tensor> narrow, widened;
+  std::vector<TensorToWrite> files;
+  for (const auto& [name, info] : scan.tensors) {
+    if (flux2_vae::ignored_tensor(name)) continue;
+    narrow[name] = reader.get(name).to(DType::kBF16);
+    widened[name] = narrow[name].to_f32();
+  }
+  for (const auto& [name, t] : narrow) files.push_back({name, DType::kBF16, t.shape(), t.raw()});
+  test::TempDir tmp;
+  write_diffusers_folder((tmp.path() / "vae").string(), *scan.config, files);
+  const Vae from_bf16 = Vae::load(tmp.path().string());
+  const Vae from_f32 = Vae::from_tensors(Config::from_json(*scan.config, "plain"), widened);
+  const test::GoldenCase c("flux2_vae/plain");
+  const Tensor a = from_bf16.decode(kFast, c.in.at("latents"));
+  const Tensor b = from_f32.decode(kFast, c.in.at("latents"));
+  EXPECT_TRUE(test::bit_equal(a.f32(), b.f32(), a.numel()));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Bad input
 

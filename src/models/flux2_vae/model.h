@@ -54,10 +54,10 @@ class Vae {
   Vae& operator=(Vae&&) noexcept;
   ~Vae();
 
-  // Loads a diffusers vae/ folder (config.json + safetensors) through scan_checkpoint and
-  // CheckpointReader; every missing, misshapen or unexpected tensor is a flowkv::Error naming
-  // the folder. BF16/F16 weights are widened to f32.
-  static Vae load(const std::string& dir);
+  // Loads a diffusers vae/ folder (config.json + safetensors), or the vae/ of a pipeline
+  // folder, through scan_checkpoint and CheckpointReader; every missing, misshapen or
+  // unexpected tensor is a flowkv::Error naming the folder. BF16/F16 weights are widened to f32.
+  static Vae load(const std::string& path);
   // From tensors under diffusers names (tests, random or zero weights for measurements).
   static Vae from_tensors(const Config& c, const std::map<std::string, Tensor>& tensors,
                           const std::string& what = "VAE tensors");
