@@ -21,6 +21,10 @@ struct GenerateRequest {
   bool kv_cache = true;  // the exact conditioning cache where the model has one
   std::vector<std::string> step_caches;  // approximate step caches, e.g. "taylorseer:interval=2"
   std::string dtype = "auto";            // the transformer's compute type: auto, f32, bf16, int8
+  // Decode in 512-pixel tiles blended over a quarter of a tile (diffusers' tiled_decode): peak
+  // memory of a 1024x1024 decode 0.6 GiB instead of 2.1, seams where tiles meet. Off: untiled,
+  // as diffusers decodes by default.
+  bool vae_tiling = false;
 };
 
 // One stage's account: its time, the process's peak resident memory while it ran, and a line

@@ -8,6 +8,8 @@
 // Each stage loads its component and releases it before the next one starts, so peak memory is
 // the largest stage plus the request's caches.
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <filesystem>
 
 #include "core/arena.h"
@@ -191,8 +193,21 @@ GenerateResult generate_klein(const PipelineFolder& p, const GenerateRequest& re
     o.steps = req.steps;
     o.mode = req.kv_cache ? KVMode::kCached : KVMode::kRecompute;
     o.step_caches = req.step_caches;
+    // Klein KV's references are computed at step 1 and read from the cache after it.
+    const bool refs_cached =
+        req.kv_cache && !refs.empty() && p.class_name == "Flux2KleinKVPipeline";
+    auto last = std::chrono::steady_clock::now();
     o.on_step = [&](int step, int steps) {
-      s.advance(step, "step " + std::to_string(step) + "/" + std::to_string(steps));
+      const auto now = std::chrono::steady_clock::now();
+      char secs[32];
+      std::snprintf(secs, sizeof secs, "%.2f s", std::chrono::duration<double>(now - last).count());
+      last = now;
+      const std::string cache = refs.empty()   ? ""
+                                : !refs_cached ? ", references computed"
+                                : step == 1    ? ", references computed, K/V stored"
+                                               : ", references from the KV cache";
+      s.advance(step,
+                "step " + std::to_string(step) + "/" + std::to_string(steps) + " " + secs + cache);
     };
     const DenoiseResult r = denoise(model, in, o);
     steps_run = static_cast<int>(r.step_seconds.size());
@@ -206,7 +221,9 @@ GenerateResult generate_klein(const PipelineFolder& p, const GenerateRequest& re
   res.parameters = parameters_text(req, p, res.width, res.height, steps_run);
   const Image image = stages.run("decode", 1, [&](pipeline::Stage& s) {
     const flux2_vae::Vae vae = flux2_vae::Vae::load(c.vae);
-    const Tensor rgb = vae.decode(ExecContext{}, flux2_vae::unpack(latents, gh, gw));
+    // Untiled, as diffusers decodes by default; --vae-tiling bounds memory for large images.
+    const flux2_vae::DecodeOptions d{.tiled = req.vae_tiling, .tile_latent = 64};
+    const Tensor rgb = vae.decode(ExecContext{}, flux2_vae::unpack(latents, gh, gw), d);
     s.advance(1, "decoded");
     s.detail = size_str(res.width, res.height);
     return tensor_to_image(rgb);

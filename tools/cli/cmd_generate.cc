@@ -20,6 +20,7 @@ struct Opts {
   std::vector<std::string> refs, caches;
   int steps = 0;
   uint64_t seed = 0;
+  bool vae_tiling = false;
 };
 
 std::string bar(int64_t done, int64_t units) {
@@ -58,6 +59,7 @@ GenerateRequest request_of(const Opts& o) {
   r.steps = o.steps;
   r.seed = o.seed;
   r.dtype = o.dtype;
+  r.vae_tiling = o.vae_tiling;
   for (const std::string& c : o.caches) {
     if (c == "kv") {
       r.kv_cache = true;
@@ -127,6 +129,9 @@ void add_generate(CLI::App& app) {
                   "to combine");
   cmd->add_option("--dtype", o->dtype, "transformer compute: auto, f32, bf16, int8")
       ->capture_default_str();
+  cmd->add_flag("--vae-tiling", o->vae_tiling,
+                "decode in 512-pixel tiles: a quarter of the memory at 1024x1024, seams possible "
+                "(diffusers' enable_tiling)");
   cmd->add_option("-o,--out", o->out, "PNG to write")->capture_default_str();
   cmd->callback([o] { std::exit(guarded([&] { return run(*o); })); });
 }
