@@ -119,4 +119,10 @@ bool json_bool(const Json& j, const char* key, bool def, const std::string& src)
   return j[key].get<bool>();
 }
 
+void json_expect_class(const Json& j, const std::string& expected, const std::string& src) {
+  if (!j.is_object() || !j.contains("_class_name") || !j["_class_name"].is_string()) return;
+  const std::string cls = j["_class_name"].get<std::string>();
+  FLOWKV_CHECK(cls == expected, src, ": _class_name is \"", cls, "\", expected \"", expected, "\"");
+}
+
 }  // namespace flowkv

@@ -25,5 +25,8 @@ int64_t json_int(const Json& j, const char* key, int64_t def, int64_t lo, int64_
 double json_number(const Json& j, const char* key, double def, double lo, double hi,
                    const std::string& src);
 bool json_bool(const Json& j, const char* key, bool def, const std::string& src);
+// A diffusers config.json's _class_name, when it has one, must be `expected` (an Error naming
+// both otherwise); a config without one is taken as the expected class.
+void json_expect_class(const Json& j, const std::string& expected, const std::string& src);
 
 }  // namespace flowkv

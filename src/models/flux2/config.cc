@@ -15,11 +15,7 @@ namespace flowkv::flux2 {
 
 static Config from_json_unguarded(const Json& j, const std::string& src) {
   FLOWKV_CHECK(j.is_object(), src, ": config is not a JSON object");
-  if (j.contains("_class_name") && j["_class_name"].is_string()) {
-    const std::string cls = j["_class_name"].get<std::string>();
-    FLOWKV_CHECK(cls == "Flux2Transformer2DModel", src, ": _class_name is \"", cls,
-                 "\", expected \"Flux2Transformer2DModel\"");
-  }
+  json_expect_class(j, "Flux2Transformer2DModel", src);
   Config c;
   // Sizes are read within flowkv's limits (flowkv/limits.h), so every product of them below
   // (widths, MLP sizes, weight bytes) fits 64-bit arithmetic.

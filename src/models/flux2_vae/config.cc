@@ -38,11 +38,7 @@ void check_block_types(const Json& j, const char* key, const char* want, size_t 
 
 Config from_json_unguarded(const Json& j, const std::string& src) {
   FLOWKV_CHECK(j.is_object(), src, ": config is not a JSON object");
-  if (j.contains("_class_name") && j["_class_name"].is_string()) {
-    const std::string cls = j["_class_name"].get<std::string>();
-    FLOWKV_CHECK(cls == "AutoencoderKLFlux2", src, ": _class_name is \"", cls,
-                 "\", expected \"AutoencoderKLFlux2\"");
-  }
+  json_expect_class(j, "AutoencoderKLFlux2", src);
   Config c;
   auto size = [&](const char* key, int64_t def, int64_t hi) {
     return json_int(j, key, def, 1, hi, src);

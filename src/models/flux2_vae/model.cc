@@ -521,7 +521,9 @@ Tensor Vae::encode_moments(const ExecContext& ctx0, const Tensor& rgb) const {
   return out;
 }
 
-void Vae::normalize(Tensor& x) const {
+// x <- f(x, mean, std) per channel of [B, 4L, h, w] latents.
+template <class F>
+void Vae::per_channel(Tensor& x, F&& f) const {
   const int64_t c = cfg_.patched_channels();
   FLOWKV_CHECK(x.ndim() == 4 && x.dtype() == DType::kF32 && x.dim(1) == c,
                "VAE latents: expected f32 [B, ", c, ", h, w], got ", shape_str(x.shape()));
@@ -529,20 +531,16 @@ void Vae::normalize(Tensor& x) const {
   for (int64_t n = 0; n < x.dim(0) * c; ++n) {
     const float m = w_->bn_mean[size_t(n % c)], s = w_->bn_std[size_t(n % c)];
     float* p = x.f32() + n * hw;
-    for (int64_t i = 0; i < hw; ++i) p[i] = (p[i] - m) / s;
+    for (int64_t i = 0; i < hw; ++i) p[i] = f(p[i], m, s);
   }
 }
 
+void Vae::normalize(Tensor& x) const {
+  per_channel(x, [](float v, float m, float s) { return (v - m) / s; });
+}
+
 void Vae::denormalize(Tensor& x) const {
-  const int64_t c = cfg_.patched_channels();
-  FLOWKV_CHECK(x.ndim() == 4 && x.dtype() == DType::kF32 && x.dim(1) == c,
-               "VAE latents: expected f32 [B, ", c, ", h, w], got ", shape_str(x.shape()));
-  const int64_t hw = x.dim(2) * x.dim(3);
-  for (int64_t n = 0; n < x.dim(0) * c; ++n) {
-    const float m = w_->bn_mean[size_t(n % c)], s = w_->bn_std[size_t(n % c)];
-    float* p = x.f32() + n * hw;
-    for (int64_t i = 0; i < hw; ++i) p[i] = p[i] * s + m;
-  }
+  per_channel(x, [](float v, float m, float s) { return v * s + m; });
 }
 
 Tensor Vae::encode(const ExecContext& ctx, const Tensor& rgb) const {

@@ -86,6 +86,8 @@ class Vae {
   struct Weights;  // opaque: the loaded layers (model.cc)
 
  private:
+  template <class F>
+  void per_channel(Tensor& x, F&& f) const;
   Vae(Config c, std::unique_ptr<Weights> w);
   Config cfg_;
   std::unique_ptr<Weights> w_;
