@@ -178,8 +178,9 @@ GenerateResult generate_klein(const PipelineFolder& p, const GenerateRequest& re
                " is smaller than one latent token (", m, " pixels)");
   res.width = gw * m, res.height = gh * m;
 
+  const int steps = req.steps > 0 ? req.steps : by_name("flux2").info.default_steps;
   int steps_run = 0;
-  const Tensor latents = stages.run("denoise", req.steps, [&](pipeline::Stage& s) {
+  const Tensor latents = stages.run("denoise", steps, [&](pipeline::Stage& s) {
     const Model model = Model::load(c.transformer, req.dtype);
     TorchGenerator g(req.seed);
     const DType noise_dtype = model.compute_dtype() == "BF16" ? DType::kBF16 : DType::kF32;
@@ -190,7 +191,7 @@ GenerateResult generate_klein(const PipelineFolder& p, const GenerateRequest& re
     in.height = gh, in.width = gw;
     in.references = refs;
     DenoiseOptions o;
-    o.steps = req.steps;
+    o.steps = steps;
     o.mode = req.kv_cache ? KVMode::kCached : KVMode::kRecompute;
     o.step_caches = req.step_caches;
     // Klein KV's references are computed at step 1 and read from the cache after it.
