@@ -24,7 +24,7 @@ fi
 
 t0=$SECONDS
 cmake -S . -B build-fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" -DFLOWKV_FUZZ=ON >/dev/null
+  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" -DFLOWKV_FUZZ=ON >/dev/null
 mkdir -p build-fuzz/logs
 if ! cmake --build build-fuzz --target fuzz_targets -j "${FLOWKV_BUILD_JOBS:-2}" \
   >build-fuzz/logs/build.log 2>&1; then

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The fast test subset under AddressSanitizer + UndefinedBehaviorSanitizer: configures
-# build-asan/ (FLOWKV_SANITIZE=ON, gcc as in release builds, -O1 -g), builds the library and the
+# build-asan/ (FLOWKV_SANITIZE=ON, gcc as in release builds, -O1 -g1: line tables, enough for
+# file:line in reports and cheaper to compile than -g), builds the library and the
 # unit tests, and runs ctest without the slow suites. Extra arguments go to ctest.
 #   scripts/sanitize.sh [CTEST_ARGS...]
 # FLOWKV_SANITIZE_CLI=1 also builds the command line and runs its cli.* tests (its CLI11-heavy
@@ -14,7 +15,7 @@ install_missing "${FLOWKV_PACKAGES[@]}"
 
 t0=$SECONDS
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" -DFLOWKV_SANITIZE=ON >/dev/null
+  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" -DFLOWKV_SANITIZE=ON >/dev/null
 mkdir -p build-asan/logs
 exclude='^format$'
 build_target=(--target tests/all)  # the library and the unit tests
