@@ -41,7 +41,8 @@ done < <(find "$golden" -name '*.safetensors.index.json' | sort)
 while IFS= read -r f; do
   cp "$f" "$out/fuzz_flux2_config/$(seed_name "$f")"
   cp "$f" "$out/fuzz_qwen_config/$(seed_name "$f")"
-  cp "$f" "$out/fuzz_qwen3_config/$(seed_name "$f")" "$out/fuzz_flux2_vae_config/$(seed_name
+  cp "$f" "$out/fuzz_qwen3_config/$(seed_name "$f")"
+  cp "$f" "$out/fuzz_flux2_vae_config/$(seed_name "$f")"
 done < <(find "$golden" -name config.json | sort)
 
 # transformer folders with one safetensors file, in fuzz_inspect_folder's layout:
