@@ -18,7 +18,17 @@ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" -DFLOWKV_SANITIZE=ON >/dev/null
 mkdir -p build-asan/logs
 exclude='^format$'
-build_target=(--target tests/all)  # the library and the unit tests
+# The library and the test programs of what meets hostile input or indexes memory: parsers,
+# kernels, the exact caches, threads, the pipeline's components and generate. The transformers'
+# golden-parity and step-cache programs (flux2_golden, flux2_model, qwen_golden, qwen21,
+# step_cache, family_denoise, klein_pipeline) run in the normal build only: compiling them under
+# ASan took CI past 30 minutes on 2 cores. Their gtest entries show as *_NOT_BUILT here.
+asan_tests=(ops_test io_test gguf_test qwen3_test klein_kv_test flux2_vae_test thread_test
+            atomic_write_test hostile_test family_test int8_test random_test image_test
+            tokenizer_test generate_test)
+build_target=(--target "${asan_tests[@]}")
+exclude+='|_NOT_BUILT$'
+
 if [[ ${FLOWKV_SANITIZE_CLI:-0} == 1 ]]; then
   build_target=()
 else
