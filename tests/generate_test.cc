@@ -125,7 +125,7 @@ TEST_P(KleinPipeline, GenerateMatchesDiffusersPixels) {
   ASSERT_EQ(res.height, want.height);
   int worst = 0, differ = 0;
   for (size_t i = 0; i < want.pixels.size(); ++i) {
-    const int d = std::abs(int(res.rgb[i]) - int(want.pixels[i]));
+    const int d = std::abs(int(res.pixels[i]) - int(want.pixels[i]));
     worst = std::max(worst, d);
     differ += d != 0;
   }

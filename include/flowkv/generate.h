@@ -13,9 +13,22 @@ namespace flowkv {
 
 struct GenerateRequest {
   std::string prompt;
-  std::vector<std::string> references;  // image files (PNG, JPEG), in order
-  // Output size in pixels; 0: the last reference's size, else the pipeline's default.
+  // Classifier-free guidance, where the family runs it (Qwen-Image-2.1): a second branch on
+  // the negative prompt, mixed as negative + cfg_scale * (positive - negative). On when
+  // cfg_scale > 1 and a negative prompt is given (diffusers' true_cfg_scale; the pipeline
+  // default 1 is off). A family without it refuses cfg_scale > 1.
+  std::string negative_prompt;
+  bool has_negative_prompt = false;  // "" is a valid negative prompt
+  float cfg_scale = 1.0f;
+  // Conditioning images (PNG, JPEG), in order: FLUX.2 Klein's references, Qwen-Image-2.1's
+  // condition images (which the prompt encoder sees too; their alpha is kept).
+  std::vector<std::string> references;
+  // Output size in pixels; 0: derived from the last image (Klein: its size; Qwen-Image-2.1:
+  // its aspect ratio at `resolution`), else the pipeline's default.
   int64_t width = 0, height = 0;
+  // Qwen-Image-2.1's output_resolution: condition images are resized to about resolution^2
+  // pixels (multiples of 32) keeping their aspect ratio; 0: 1024, the pipeline's default.
+  int64_t resolution = 0;
   int steps = 0;         // 0: the family's default
   uint64_t seed = 0;     // torch.Generator("cpu").manual_seed(seed) noise, as diffusers draws it
   bool kv_cache = true;  // the exact conditioning cache where the model has one
@@ -46,7 +59,8 @@ struct GenerateProgress {
 
 struct GenerateResult {
   int64_t width = 0, height = 0;
-  std::vector<uint8_t> rgb;  // [height, width, 3]
+  int64_t channels = 3;         // 3: RGB; 4: RGBA (Qwen-Image-2.1's VAE decodes alpha)
+  std::vector<uint8_t> pixels;  // [height, width, channels]
   // The generation parameters, one text as other tools write them in a PNG ("parameters").
   std::string parameters;
   std::vector<StageReport> stages;

@@ -26,7 +26,8 @@ GenerateResult generate(const std::string& pipeline_dir, const GenerateRequest& 
 void save_png(const std::string& path, const GenerateResult& r) {
   Image image;
   image.width = r.width, image.height = r.height;
-  image.pixels = r.rgb;
+  image.channels = r.channels;
+  image.pixels = r.pixels;
   save_png(path, image, r.parameters);
 }
 

@@ -152,6 +152,11 @@ std::string parameters_text(const GenerateRequest& req, const PipelineFolder& p,
 
 GenerateResult generate_klein(const PipelineFolder& p, const GenerateRequest& req,
                               const GenerateProgress& progress) {
+  FLOWKV_CHECK(!req.has_negative_prompt && req.cfg_scale <= 1.0f, p.path,
+               ": FLUX.2 Klein runs without classifier-free guidance (the distilled pipelines "
+               "have none): drop the negative prompt and the CFG scale");
+  FLOWKV_CHECK(req.resolution == 0, p.path,
+               ": the resolution option is Qwen-Image-2.1's; give FLUX.2 Klein the output size");
   const Components c = check_components(p);
   GenerateResult res;
   pipeline::StageRunner stages(progress, res.stages);
@@ -229,7 +234,8 @@ GenerateResult generate_klein(const PipelineFolder& p, const GenerateRequest& re
     s.detail = size_str(res.width, res.height);
     return tensor_to_image(rgb);
   });
-  res.rgb = image.pixels;
+  res.channels = image.channels;
+  res.pixels = image.pixels;
   return res;
 }
 

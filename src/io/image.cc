@@ -101,6 +101,7 @@ Image apply_orientation(Image src, int orientation) {
   Image out;
   out.width = swap ? h : w;
   out.height = swap ? w : h;
+  out.channels = src.channels;
   out.pixels.resize(src.pixels.size());
   for (int64_t y = 0; y < out.height; ++y) {
     for (int64_t x = 0; x < out.width; ++x) {
@@ -128,7 +129,7 @@ Image apply_orientation(Image src, int orientation) {
           sx = w - 1 - y, sy = x;
           break;  // ROTATE_90 (counter-clockwise)
       }
-      std::memcpy(out.at(x, y), src.at(sx, sy), 3);
+      std::memcpy(out.at(x, y), src.at(sx, sy), static_cast<size_t>(src.channels));
     }
   }
   return out;
@@ -141,7 +142,8 @@ struct SpngDeleter {
 };
 using SpngCtx = std::unique_ptr<spng_ctx, SpngDeleter>;
 
-Image decode_png(const uint8_t* data, size_t size, const std::string& what, int64_t max_pixels) {
+Image decode_png(const uint8_t* data, size_t size, const std::string& what, int64_t max_pixels,
+                 PixelFormat format) {
   SpngCtx ctx(spng_ctx_new(0));
   FLOWKV_CHECK(ctx, what, ": out of memory creating the PNG decoder");
   auto check = [&](int r, const char* stage) {
@@ -166,11 +168,14 @@ Image decode_png(const uint8_t* data, size_t size, const std::string& what, int6
   check_pixels(ihdr.width, ihdr.height, max_pixels, what);
 
   // 16-bit grey without alpha: PIL's "I;16", which convert("RGB") clips at 255.
+  // A colour key (tRNS of grey or RGB) is alpha to convert("RGBA") only.
   const bool grey16 = ihdr.color_type == SPNG_COLOR_TYPE_GRAYSCALE && ihdr.bit_depth == 16;
-  const int fmt = grey16 ? SPNG_FMT_RAW : SPNG_FMT_RGB8;
+  const bool rgba = format == PixelFormat::kRGBA;
+  const int fmt = grey16 ? SPNG_FMT_RAW : rgba ? SPNG_FMT_RGBA8 : SPNG_FMT_RGB8;
+  const int channels = rgba ? 4 : 3;
   size_t bytes = 0;
   check(spng_decoded_image_size(ctx.get(), fmt, &bytes), "size");
-  Image img = Image::blank(ihdr.width, ihdr.height, what);
+  Image img = Image::blank(ihdr.width, ihdr.height, what, channels);
   std::vector<uint8_t> raw;
   uint8_t* out = img.pixels.data();
   if (grey16) {
@@ -179,12 +184,17 @@ Image decode_png(const uint8_t* data, size_t size, const std::string& what, int6
   } else {
     FLOWKV_CHECK(bytes == img.pixels.size(), what, ": unexpected decoded PNG size");
   }
-  check(spng_decode_image(ctx.get(), out, bytes, fmt, 0), "image data");
+  check(spng_decode_image(ctx.get(), out, bytes, fmt, rgba && !grey16 ? SPNG_DECODE_TRNS : 0),
+        "image data");
   if (grey16) {
+    // PIL's "I;16" keeps a tRNS key as info["transparency"]; convert("RGBA") of "I;16" goes
+    // through "L" (clipped) and drops it: opaque.
     for (int64_t i = 0; i < img.width * img.height; ++i) {
       const int v = (raw[2 * i] << 8) | raw[2 * i + 1];
       const auto c = static_cast<uint8_t>(v > 255 ? 255 : v);
-      img.pixels[3 * i] = img.pixels[3 * i + 1] = img.pixels[3 * i + 2] = c;
+      uint8_t* p = img.pixels.data() + channels * i;
+      p[0] = p[1] = p[2] = c;
+      if (rgba) p[3] = 255;
     }
   }
 
@@ -264,7 +274,8 @@ struct TjDeleter {
   void operator()(void* h) const { tjDestroy(h); }
 };
 
-Image decode_jpeg(const uint8_t* data, size_t size, const std::string& what, int64_t max_pixels) {
+Image decode_jpeg(const uint8_t* data, size_t size, const std::string& what, int64_t max_pixels,
+                  PixelFormat format) {
   const JpegMetadata meta = scan_jpeg(data, size);
   FLOWKV_CHECK(meta.scans <= kMaxJpegScans, what, ": the JPEG has more than ", kMaxJpegScans,
                " scans (a progressive file this fragmented is refused: decoding it costs one pass "
@@ -311,6 +322,7 @@ Image decode_jpeg(const uint8_t* data, size_t size, const std::string& what, int
       }
     }
   }
+  if (format == PixelFormat::kRGBA) img = to_rgba(img);
   return meta.orientation ? apply_orientation(std::move(img), *meta.orientation) : img;
 }
 
@@ -341,35 +353,68 @@ std::vector<uint8_t> read_whole_file(const std::string& path) {
 
 }  // namespace
 
-Image Image::blank(int64_t width, int64_t height, const std::string& what) {
+Image Image::blank(int64_t width, int64_t height, const std::string& what, int64_t channels) {
   check_image_size(width, height, what);
+  FLOWKV_CHECK(channels == 3 || channels == 4, what, ": ", channels,
+               " channels (RGB or RGBA expected)");
   Image img;
   img.width = width;
   img.height = height;
-  img.pixels.assign(static_cast<size_t>(width * height * 3), 0);
+  img.channels = channels;
+  img.pixels.assign(static_cast<size_t>(width * height * channels), 0);
   return img;
 }
 
-Image decode_image(const uint8_t* data, size_t size, const std::string& what, int64_t max_pixels) {
+Image decode_image(const uint8_t* data, size_t size, const std::string& what, int64_t max_pixels,
+                   PixelFormat format) {
   FLOWKV_CHECK(size > 0, what, ": the file is empty, not an image");
   if (size >= 8 && std::memcmp(data, kPngSignature, 8) == 0)
-    return decode_png(data, size, what, max_pixels);
+    return decode_png(data, size, what, max_pixels, format);
   if (size >= 3 && data[0] == 0xFF && data[1] == 0xD8 && data[2] == 0xFF) {
-    return decode_jpeg(data, size, what, max_pixels);
+    return decode_jpeg(data, size, what, max_pixels, format);
   }
   fail(what, ": not a PNG or JPEG file (unrecognised signature)");
 }
 
-Image load_image(const std::string& path) {
+Image load_image(const std::string& path, PixelFormat format) {
   const std::vector<uint8_t> bytes = read_whole_file(path);
-  return decode_image(bytes.data(), bytes.size(), "image " + path);
+  return decode_image(bytes.data(), bytes.size(), "image " + path, limits::kMaxImagePixels, format);
+}
+
+Image to_rgba(const Image& image) {
+  if (image.channels == 4) return image;
+  FLOWKV_CHECK(image.channels == 3, "to_rgba: ", image.channels, " channels");
+  Image out = Image::blank(image.width, image.height, "RGBA image", 4);
+  for (int64_t i = 0; i < image.width * image.height; ++i) {
+    std::memcpy(&out.pixels[4 * i], &image.pixels[3 * i], 3);
+    out.pixels[4 * i + 3] = 255;
+  }
+  return out;
+}
+
+Image over_white(const Image& rgba) {
+  FLOWKV_CHECK(rgba.channels == 4, "over_white: ", rgba.channels, " channels (RGBA expected)");
+  Image out = Image::blank(rgba.width, rgba.height, "RGB image", 3);
+  for (int64_t i = 0; i < rgba.width * rgba.height; ++i) {
+    const int a = rgba.pixels[4 * i + 3];
+    for (int c = 0; c < 3; ++c) {
+      // Paste.c's BLEND: DIV255(white * (255 - a) + colour * a), DIV255(v) = ((v + 128) >> 8 +
+      // v + 128) >> 8.
+      const int t = 255 * (255 - a) + rgba.pixels[4 * i + c] * a + 128;
+      out.pixels[3 * i + c] = static_cast<uint8_t>(((t >> 8) + t) >> 8);
+    }
+  }
+  return out;
 }
 
 std::string encode_png(const Image& image, const std::string& parameters) {
   check_image_size(image.width, image.height, "PNG to write");
-  FLOWKV_CHECK(image.pixels.size() == static_cast<size_t>(image.width * image.height * 3),
-               "PNG to write: ", image.pixels.size(), " bytes of pixels for ", image.width, "x",
-               image.height, " RGB");
+  FLOWKV_CHECK(image.channels == 3 || image.channels == 4, "PNG to write: ", image.channels,
+               " channels (RGB or RGBA expected)");
+  FLOWKV_CHECK(
+      image.pixels.size() == static_cast<size_t>(image.width * image.height * image.channels),
+      "PNG to write: ", image.pixels.size(), " bytes of pixels for ", image.width, "x",
+      image.height, image.channels == 4 ? " RGBA" : " RGB");
   FLOWKV_CHECK(static_cast<int64_t>(parameters.size()) <= limits::kMaxPngTextBytes,
                "PNG parameters text: ", parameters.size(), " bytes, more than the limit of ",
                limits::kMaxPngTextBytes);
@@ -385,7 +430,8 @@ std::string encode_png(const Image& image, const std::string& parameters) {
   ihdr.width = static_cast<uint32_t>(image.width);
   ihdr.height = static_cast<uint32_t>(image.height);
   ihdr.bit_depth = 8;
-  ihdr.color_type = SPNG_COLOR_TYPE_TRUECOLOR;
+  ihdr.color_type =
+      image.channels == 4 ? SPNG_COLOR_TYPE_TRUECOLOR_ALPHA : SPNG_COLOR_TYPE_TRUECOLOR;
   check(spng_set_ihdr(ctx.get(), &ihdr), "header");
   spng_text text{};
   std::string body = parameters;  // spng takes a non-const pointer

@@ -20,30 +20,39 @@
 
 namespace flowkv {
 
-// 8-bit RGB pixels, rows top to bottom, [H, W, 3].
+// 8-bit pixels, rows top to bottom, [H, W, channels]: RGB (3) or RGBA (4, straight alpha).
 struct Image {
   int64_t width = 0, height = 0;
+  int64_t channels = 3;
   std::vector<uint8_t> pixels;
 
-  uint8_t* at(int64_t x, int64_t y) { return pixels.data() + (y * width + x) * 3; }
-  const uint8_t* at(int64_t x, int64_t y) const { return pixels.data() + (y * width + x) * 3; }
+  uint8_t* at(int64_t x, int64_t y) { return pixels.data() + (y * width + x) * channels; }
+  const uint8_t* at(int64_t x, int64_t y) const {
+    return pixels.data() + (y * width + x) * channels;
+  }
   // An image of the given size, pixels zero; the size is checked against the limits.
-  static Image blank(int64_t width, int64_t height, const std::string& what);
+  static Image blank(int64_t width, int64_t height, const std::string& what,
+                     int64_t channels = 3);
 };
+
+// What decoding converts to: PIL's convert("RGB") (alpha dropped), or convert("RGBA") (alpha
+// kept: grey + alpha, RGBA, a palette's or a colour key's tRNS; opaque where there is none).
+enum class PixelFormat { kRGB, kRGBA };
 
 // Refuses an image size that is empty or beyond limits::kMaxImageSide / kMaxImagePixels.
 void check_image_size(int64_t width, int64_t height, const std::string& what);
 
 // Reads and decodes a PNG or JPEG file (told apart by their signatures, not the name).
-Image load_image(const std::string& path);
+Image load_image(const std::string& path, PixelFormat format = PixelFormat::kRGB);
 // Decodes bytes in memory; `what` names the source in errors. `max_pixels` (at most the limit)
 // lets a caller bound the work further (the fuzz targets: a small file may claim, and cost the
 // decoding of, a large image).
 Image decode_image(const uint8_t* data, size_t size, const std::string& what,
-                   int64_t max_pixels = limits::kMaxImagePixels);
+                   int64_t max_pixels = limits::kMaxImagePixels,
+                   PixelFormat format = PixelFormat::kRGB);
 
-// PNG bytes of an RGB image; `parameters`, when not empty, goes into a text chunk of that name
-// (tEXt when it is ASCII, else UTF-8 iTXt, as PIL's PngInfo.add_text writes it), where
+// PNG bytes of an RGB or RGBA image; `parameters`, when not empty, goes into a text chunk of that
+// name (tEXt when it is ASCII, else UTF-8 iTXt, as PIL's PngInfo.add_text writes it), where
 // A1111-style tools and PIL's Image.info["parameters"] find it.
 std::string encode_png(const Image& image, const std::string& parameters = "");
 // Writes encode_png's bytes atomically (io/atomic_file.h): the old file or the whole new one.
@@ -51,10 +60,16 @@ void save_png(const std::string& path, const Image& image, const std::string& pa
 // The "parameters" text of a PNG file ("" when absent).
 std::string read_png_parameters(const std::string& path);
 
-// PIL's Image.resize((width, height), Image.LANCZOS) on an RGB image: Lanczos-3 scaled by the
-// reduction factor (antialiased), horizontal pass then vertical, 22-bit fixed-point
-// coefficients with 8-bit clipped intermediate rows, exactly as Pillow 13.0.0 rounds.
+// PIL's Image.resize((width, height), Image.LANCZOS) on an RGB or RGBA image: Lanczos-3 scaled
+// by the reduction factor (antialiased), horizontal pass then vertical, 22-bit fixed-point
+// coefficients with 8-bit clipped intermediate rows, exactly as Pillow 13.0.0 rounds. RGBA is
+// resized premultiplied, as PIL does (RGBA -> RGBa -> resize -> RGBA).
 Image resize_lanczos(const Image& src, int64_t width, int64_t height);
+// PIL's convert("RGBA") of an RGB image (alpha 255); an RGBA image is returned as it is.
+Image to_rgba(const Image& image);
+// An RGBA image pasted over opaque white through its alpha, as
+// Image.new("RGB", size, white).paste(image, mask=image.getchannel("A")) rounds: RGB out.
+Image over_white(const Image& rgba);
 // The pixels [x, x + width) x [y, y + height), which must lie inside the image.
 Image crop(const Image& src, int64_t x, int64_t y, int64_t width, int64_t height);
 

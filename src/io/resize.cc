@@ -83,23 +83,24 @@ uint8_t clip8(int64_t v) {
 
 // Rows [row0, row0 + rows) of src, resized horizontally to t's output width.
 Image horizontal(const Image& src, const Taps& t, int64_t out_w, int64_t row0, int64_t rows) {
+  const int64_t ch = src.channels;
   Image out;
   out.width = out_w;
   out.height = rows;
-  out.pixels.resize(static_cast<size_t>(out_w * rows * 3));
+  out.channels = ch;
+  out.pixels.resize(static_cast<size_t>(out_w * rows * ch));
   for (int64_t y = 0; y < rows; ++y) {
     const uint8_t* in = src.at(0, row0 + y);
     for (int64_t x = 0; x < out_w; ++x) {
       const int32_t* k = &t.taps[x * t.ksize];
-      const uint8_t* p = in + t.first[x] * 3;
-      int64_t s0 = 1 << (kPrecisionBits - 1), s1 = s0, s2 = s0;
+      const uint8_t* p = in + t.first[x] * ch;
+      int64_t s[4] = {1 << (kPrecisionBits - 1), 1 << (kPrecisionBits - 1),
+                      1 << (kPrecisionBits - 1), 1 << (kPrecisionBits - 1)};
       for (int64_t i = 0; i < t.count[x]; ++i) {
-        s0 += p[3 * i] * k[i];
-        s1 += p[3 * i + 1] * k[i];
-        s2 += p[3 * i + 2] * k[i];
+        for (int64_t c = 0; c < ch; ++c) s[c] += p[ch * i + c] * k[i];
       }
       uint8_t* o = out.at(x, y);
-      o[0] = clip8(s0), o[1] = clip8(s1), o[2] = clip8(s2);
+      for (int64_t c = 0; c < ch; ++c) o[c] = clip8(s[c]);
     }
   }
   return out;
@@ -110,8 +111,9 @@ Image vertical(const Image& src, const Taps& t, int64_t out_h, int64_t shift) {
   Image out;
   out.width = src.width;
   out.height = out_h;
-  out.pixels.resize(static_cast<size_t>(src.width * out_h * 3));
-  const int64_t stride = src.width * 3;
+  out.channels = src.channels;
+  out.pixels.resize(static_cast<size_t>(src.width * out_h * src.channels));
+  const int64_t stride = src.width * src.channels;
   // Whole rows at a time (contiguous, vectorisable). 32-bit sums as Pillow's: 255 times the
   // positive taps (at most ~1.3 x 2^22) stays far below 2^31.
   std::vector<int32_t> acc(static_cast<size_t>(stride));
@@ -130,12 +132,35 @@ Image vertical(const Image& src, const Taps& t, int64_t out_h, int64_t shift) {
   return out;
 }
 
-}  // namespace
+// PIL's RGBA -> RGBa (Convert.c rgbA2rgba): each colour times alpha / 255, rounded as
+// MULDIV255.
+Image premultiply(const Image& src) {
+  Image out = src;
+  for (size_t i = 0; i < out.pixels.size(); i += 4) {
+    const int a = out.pixels[i + 3];
+    for (size_t c = 0; c < 3; ++c) {
+      const int t = out.pixels[i + c] * a + 128;
+      out.pixels[i + c] = static_cast<uint8_t>(((t >> 8) + t) >> 8);
+    }
+  }
+  return out;
+}
 
-Image resize_lanczos(const Image& src, int64_t width, int64_t height) {
-  check_image_size(src.width, src.height, "resize: the source image");
-  check_image_size(width, height, "resize: the target size");
-  if (width == src.width && height == src.height) return src;
+// PIL's RGBa -> RGBA (Convert.c rgba2rgbA): alpha 0 and 255 keep the colours, else
+// 255 * colour / alpha, truncated and clipped at 255.
+Image unpremultiply(Image img) {
+  for (size_t i = 0; i < img.pixels.size(); i += 4) {
+    const int a = img.pixels[i + 3];
+    if (a == 0 || a == 255) continue;
+    for (size_t c = 0; c < 3; ++c) {
+      const int v = 255 * img.pixels[i + c] / a;
+      img.pixels[i + c] = static_cast<uint8_t>(v > 255 ? 255 : v);
+    }
+  }
+  return img;
+}
+
+Image resize_channels(const Image& src, int64_t width, int64_t height) {
   const Taps th = make_taps(src.width, width), tv = make_taps(src.height, height);
   const bool need_h = width != src.width, need_v = height != src.height;
   if (!need_v) return horizontal(src, th, width, 0, src.height);
@@ -147,6 +172,19 @@ Image resize_lanczos(const Image& src, int64_t width, int64_t height) {
   return vertical(tmp, tv, height, row0);
 }
 
+}  // namespace
+
+Image resize_lanczos(const Image& src, int64_t width, int64_t height) {
+  check_image_size(src.width, src.height, "resize: the source image");
+  check_image_size(width, height, "resize: the target size");
+  FLOWKV_CHECK(src.channels == 3 || src.channels == 4, "resize: ", src.channels,
+               " channels (RGB or RGBA expected)");
+  if (width == src.width && height == src.height) return src;
+  // Image.resize resizes RGBA premultiplied (as "RGBa") and converts back.
+  if (src.channels == 4) return unpremultiply(resize_channels(premultiply(src), width, height));
+  return resize_channels(src, width, height);
+}
+
 Image crop(const Image& src, int64_t x, int64_t y, int64_t width, int64_t height) {
   FLOWKV_CHECK(x >= 0 && y >= 0 && width >= 1 && height >= 1 && x + width <= src.width &&
                    y + height <= src.height,
@@ -155,9 +193,10 @@ Image crop(const Image& src, int64_t x, int64_t y, int64_t width, int64_t height
   Image out;
   out.width = width;
   out.height = height;
-  out.pixels.resize(static_cast<size_t>(width * height * 3));
+  out.channels = src.channels;
+  out.pixels.resize(static_cast<size_t>(width * height * src.channels));
   for (int64_t r = 0; r < height; ++r) {
-    std::memcpy(out.at(0, r), src.at(x, y + r), static_cast<size_t>(width * 3));
+    std::memcpy(out.at(0, r), src.at(x, y + r), static_cast<size_t>(width * src.channels));
   }
   return out;
 }

@@ -33,12 +33,12 @@ Image flux2_reference_image(const Image& image, const std::string& what) {
 }
 
 Tensor image_to_tensor(const Image& image) {
-  const int64_t hw = image.width * image.height;
-  Tensor t = Tensor::empty({1, 3, image.height, image.width});
+  const int64_t hw = image.width * image.height, ch = image.channels;
+  Tensor t = Tensor::empty({1, ch, image.height, image.width});
   float* out = t.f32();
   for (int64_t i = 0; i < hw; ++i) {
-    for (int c = 0; c < 3; ++c) {
-      const float x = static_cast<float>(image.pixels[3 * i + c]) / 255.0f;
+    for (int64_t c = 0; c < ch; ++c) {
+      const float x = static_cast<float>(image.pixels[ch * i + c]) / 255.0f;
       out[c * hw + i] = 2.0f * x - 1.0f;
     }
   }
@@ -47,20 +47,21 @@ Tensor image_to_tensor(const Image& image) {
 
 Image tensor_to_image(const Tensor& t) {
   const Shape& s = t.shape();
-  FLOWKV_CHECK((s.size() == 4 && s[0] == 1 && s[1] == 3) || (s.size() == 3 && s[0] == 3),
-               "decoded image: expected a [1, 3, H, W] tensor");
+  const int64_t ch = s.size() == 4 ? s[1] : s.empty() ? 0 : s[0];
+  FLOWKV_CHECK(((s.size() == 4 && s[0] == 1) || s.size() == 3) && (ch == 3 || ch == 4),
+               "decoded image: expected a [1, 3 or 4, H, W] tensor");
   FLOWKV_CHECK(t.dtype() == DType::kF32, "decoded image: expected float32");
   const int64_t h = s[s.size() - 2], w = s[s.size() - 1];
-  Image img = Image::blank(w, h, "decoded image");
+  Image img = Image::blank(w, h, "decoded image", ch);
   const float* in = t.f32();
   const int64_t hw = w * h;
   for (int64_t i = 0; i < hw; ++i) {
-    for (int c = 0; c < 3; ++c) {
+    for (int64_t c = 0; c < ch; ++c) {
       float x = in[c * hw + i] * 0.5f + 0.5f;
       // clamp(0, 1) keeps NaN; numpy's NaN -> uint8 cast is undefined: 0 here.
       if (std::isnan(x)) x = 0.0f;
       x = x < 0.0f ? 0.0f : x > 1.0f ? 1.0f : x;
-      img.pixels[3 * i + c] = static_cast<uint8_t>(std::nearbyint(x * 255.0f));
+      img.pixels[ch * i + c] = static_cast<uint8_t>(std::nearbyint(x * 255.0f));
     }
   }
   return img;

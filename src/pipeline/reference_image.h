@@ -20,9 +20,10 @@ namespace flowkv {
 
 // Steps 1-3: the image the pipeline encodes; `what` names it in errors.
 Image flux2_reference_image(const Image& image, const std::string& what);
-// Step 4: [1, 3, H, W] in [-1, 1].
+// Step 4: [1, C, H, W] in [-1, 1], C = the image's channels (3, or 4 for RGBA).
 Tensor image_to_tensor(const Image& image);
-// [1, 3, H, W] or [3, H, W] float32 in [-1, 1] to 8-bit RGB (diffusers' postprocess to PIL).
+// [1, C, H, W] or [C, H, W] float32 in [-1, 1], C = 3 or 4, to 8-bit RGB or RGBA (diffusers'
+// postprocess to PIL).
 Image tensor_to_image(const Tensor& t);
 
 }  // namespace flowkv

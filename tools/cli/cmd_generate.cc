@@ -16,8 +16,11 @@ namespace flowkv::cli {
 namespace {
 
 struct Opts {
-  std::string model, prompt, size, out = "out.png", dtype = "auto";
+  std::string model, prompt, negative, size, out = "out.png", dtype = "auto";
   std::vector<std::string> refs, caches;
+  bool has_negative = false;
+  float cfg_scale = 1.0f;
+  int64_t resolution = 0;
   int steps = 0;
   uint64_t seed = 0;
   bool vae_tiling = false;
@@ -51,6 +54,10 @@ void check_writable(const std::string& out) {
 GenerateRequest request_of(const Opts& o) {
   GenerateRequest r;
   r.prompt = o.prompt;
+  r.negative_prompt = o.negative;
+  r.has_negative_prompt = o.has_negative;
+  r.cfg_scale = o.cfg_scale;
+  r.resolution = o.resolution;
   r.references = o.refs;
   if (!o.size.empty()) {
     std::tie(r.width, r.height) = parse_dims(o.size, "--size", "512x512 (pixels, width x height)",
@@ -88,7 +95,19 @@ int run(const Opts& o) {
     std::fprintf(stderr, "%-10s %7.2f s  peak %s  %s\n", r.name.c_str(), r.seconds,
                  gib(r.peak_rss_bytes).c_str(), r.detail.c_str());
   };
-  const GenerateResult res = generate(o.model, request_of(o), p);
+  const GenerateRequest req = request_of(o);
+  // As diffusers warns: guidance needs both a scale above 1 and a negative prompt.
+  if (req.cfg_scale > 1.0f && !req.has_negative_prompt) {
+    std::fprintf(stderr,
+                 "warning: --cfg-scale %g without a negative prompt (-n): classifier-free "
+                 "guidance stays off\n",
+                 static_cast<double>(req.cfg_scale));
+  } else if (req.has_negative_prompt && req.cfg_scale <= 1.0f) {
+    std::fprintf(stderr,
+                 "warning: a negative prompt without --cfg-scale above 1: classifier-free "
+                 "guidance stays off\n");
+  }
+  const GenerateResult res = generate(o.model, req, p);
   if (res.prompt_truncated) {
     std::fprintf(stderr,
                  "warning: the prompt was longer than the text encoder reads; its end was "
@@ -106,20 +125,36 @@ int run(const Opts& o) {
 void add_generate(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "generate",
-      "Turn a prompt (and reference pictures) into a PNG with a diffusers pipeline folder\n"
-      "(model_index.json, transformer/, text_encoder/, tokenizer/, vae/): FLUX.2 Klein 4B / 9B\n"
-      "(Flux2KleinPipeline) and Klein 9B KV (Flux2KleinKVPipeline). Stages run one at a time\n"
-      "(prompt, references, denoise, decode), each loading its component and releasing it, so\n"
-      "peak memory is the largest stage plus the KV cache. Prints a progress bar per stage and\n"
-      "each stage's time and peak memory; the PNG carries the parameters in a text chunk.\n"
-      "Same prompt, references, size, steps and seed give diffusers' picture (f32).");
+      "Turn a prompt (and pictures) into a PNG with a diffusers pipeline folder\n"
+      "(model_index.json and its components): FLUX.2 Klein 4B / 9B (Flux2KleinPipeline), Klein\n"
+      "9B KV (Flux2KleinKVPipeline) and Qwen-Image-2.1 (QwenImage21Pipeline: condition images,\n"
+      "RGBA out, classifier-free guidance with -n and --cfg-scale). Stages run one at a time\n"
+      "(prompt, references / conditions, denoise, decode), each loading its component and\n"
+      "releasing it, so peak memory is the largest stage plus the KV cache. Prints a progress\n"
+      "bar per stage and each stage's time and peak memory; the PNG carries the parameters in\n"
+      "a text chunk. Same inputs and seed give diffusers' picture (f32).");
   auto* o = new Opts;
   cmd->add_option("--model", o->model, "pipeline folder")->required();
   cmd->add_option("-p,--prompt", o->prompt, "the prompt")->required();
-  cmd->add_option("-r,--ref", o->refs, "a reference picture (PNG or JPEG); repeat for more");
+  cmd->add_option("-n,--negative", o->negative,
+                  "negative prompt for classifier-free guidance (with --cfg-scale above 1; "
+                  "Qwen-Image-2.1)")
+      ->each([o](const std::string&) { o->has_negative = true; });
+  cmd->add_option("--cfg-scale", o->cfg_scale,
+                  "guidance scale: negative + S x (positive - negative); 1 (default) is off, "
+                  "as Qwen-Image-2.1 is meant to be sampled")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0f, 100.0f));
+  cmd->add_option("-r,--ref", o->refs,
+                  "a reference / condition picture (PNG or JPEG); repeat for more");
   cmd->add_option("--size", o->size,
-                  "WIDTHxHEIGHT in pixels (multiples of 16; default: the last reference's size, "
-                  "else 1024x1024)");
+                  "WIDTHxHEIGHT in pixels (Klein: multiples of 16, default the last reference's "
+                  "size; Qwen-Image-2.1: multiples of 32, default the last condition image's "
+                  "aspect ratio at --resolution; else 1024x1024)");
+  cmd->add_option("--resolution", o->resolution,
+                  "Qwen-Image-2.1: condition images are resized to about RES x RES pixels "
+                  "keeping their aspect ratio (default 1024)")
+      ->check(CLI::Range(int64_t{32}, int64_t{4096}));
   cmd->add_option("--steps", o->steps, "denoising steps (default: the model's, 4 for Klein)");
   cmd->add_option("--seed", o->seed, "seed of the initial noise (torch's CPU generator)")
       ->capture_default_str();
