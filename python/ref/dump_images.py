@@ -249,6 +249,27 @@ post_out = np.array(proc.postprocess(post_in, output_type="pil")[0])
 post_in.numpy().astype("<f4").tofile(os.path.join(out, "post_in.f32"))
 post_out.astype(np.uint8).tofile(os.path.join(out, "post_out.u8"))
 
+# ---- Resizes Pillow 13 runs vertical pass first (the height shrinks by more than twice as many
+# pixels as the width), and RGBA resizes (premultiplied: RGBA -> RGBa -> resize -> RGBA) ----
+for src_name, src, sizes in [
+        ("resize_src_64x48.png", src_small, [(60, 20), (70, 9)]),
+        ("resize_src_300x200.png", src_big, [(290, 90), (100, 30)])]:
+    for w, h in sizes:
+        name = f"{src_name[:-4]}_to_{w}x{h}"
+        save_expect(name, src.resize((w, h), Image.LANCZOS))
+        manifest["resize"].append({"src": src_name, "width": w, "height": h, "expect": name})
+alpha = np.clip(np.round(255 * np.linspace(0, 1, 64)[None, :] * np.ones((48, 1))
+                         + rng.normal(0, 30, (48, 64))), 0, 255).astype(np.uint8)
+alpha[10:20, 5:15] = 0
+alpha[30:40, 40:50] = 255
+src_rgba = Image.fromarray(np.concatenate([pattern(64, 48), alpha[..., None]], -1), "RGBA")
+src_rgba.save(os.path.join(out, "in", "resize_src_64x48_rgba.png"))
+for w, h in [(32, 24), (17, 29), (100, 75), (60, 20)]:
+    name = f"resize_src_64x48_rgba_to_{w}x{h}"
+    save_expect(name, src_rgba.resize((w, h), Image.LANCZOS))
+    manifest["resize"].append({"src": "resize_src_64x48_rgba.png", "width": w, "height": h,
+                               "expect": name, "rgba": True})
+
 json.dump(manifest, open(os.path.join(out, "manifest.json"), "w"), indent=1)
 print(len(manifest["decode"]), "decode,", len(manifest["resize"]), "resize,", len(manifest["klein"]),
       "klein cases")

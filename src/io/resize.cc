@@ -5,8 +5,10 @@
 //   to sum 1 in double;
 // - weights become 22-bit fixed point (round half away from zero), sums start at 2^21 (a half)
 //   and are clipped to 0..255 after the shift;
-// - the horizontal pass runs first, over the rows the vertical pass needs, into 8-bit rows; a
-//   pass whose size does not change is skipped.
+// - the horizontal pass runs first, over the rows the vertical pass needs, into 8-bit rows,
+//   unless the height shrinks by more than twice as many pixels as the width (then the
+//   vertical pass runs first, as Pillow 13 orders them); a pass whose size does not change is
+//   skipped.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -163,11 +165,17 @@ Image unpremultiply(Image img) {
 Image resize_channels(const Image& src, int64_t width, int64_t height) {
   const Taps th = make_taps(src.width, width), tv = make_taps(src.height, height);
   const bool need_h = width != src.width, need_v = height != src.height;
+  // Pillow 13 runs the vertical pass first when the height shrinks by more than twice as many
+  // pixels as the width (Resample.c, horizontal_first): the order changes the 8-bit rounding
+  // of the intermediate image.
+  const bool vertical_first =
+      src.height - height > 0 && src.height - height > (src.width - width) * 2;
   if (!need_v) return horizontal(src, th, width, 0, src.height);
+  if (!need_h) return vertical(src, tv, height, 0);
+  if (vertical_first) return horizontal(vertical(src, tv, height, 0), th, width, 0, height);
   // The input rows the vertical pass reads.
   const int64_t row0 = tv.first[0];
   const int64_t row1 = tv.first[height - 1] + tv.count[height - 1];
-  if (!need_h) return vertical(src, tv, height, 0);
   const Image tmp = horizontal(src, th, width, row0, row1 - row0);
   return vertical(tmp, tv, height, row0);
 }
