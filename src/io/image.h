@@ -31,8 +31,7 @@ struct Image {
     return pixels.data() + (y * width + x) * channels;
   }
   // An image of the given size, pixels zero; the size is checked against the limits.
-  static Image blank(int64_t width, int64_t height, const std::string& what,
-                     int64_t channels = 3);
+  static Image blank(int64_t width, int64_t height, const std::string& what, int64_t channels = 3);
 };
 
 // What decoding converts to: PIL's convert("RGB") (alpha dropped), or convert("RGBA") (alpha
