@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace flowkv {
@@ -69,6 +70,20 @@ struct GenerateResult {
 
 GenerateResult generate(const std::string& pipeline_dir, const GenerateRequest& request,
                         const GenerateProgress& progress = {});
+
+// A request's token layout, from the pipeline folder's tokenizer (and processor) and the
+// images' sizes, reading no weights: what the transformer will see, for predict and bench.
+struct GenerateLayout {
+  int64_t width = 0, height = 0;      // output pixels
+  int64_t text_tokens = 0;            // the prompt's text rows (Klein: always 512)
+  std::vector<int64_t> image_tokens;  // latent tokens of each conditioning image, in order
+  std::vector<std::pair<int64_t, int64_t>> image_sizes;  // their pixels (width, height) as encoded
+  int64_t target_tokens = 0;
+  bool cfg = false;                  // a second (unconditional) branch runs
+  int64_t negative_text_tokens = 0;  // its text rows, under CFG
+  std::string transformer;           // the transformer folder, for predict
+};
+GenerateLayout generate_layout(const std::string& pipeline_dir, const GenerateRequest& request);
 
 // Writes the picture as a PNG with its parameters in a "parameters" text chunk, atomically:
 // the old file or the whole new one, never half of it.

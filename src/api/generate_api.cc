@@ -7,20 +7,35 @@
 
 namespace flowkv {
 
-GenerateResult generate(const std::string& pipeline_dir, const GenerateRequest& request,
-                        const GenerateProgress& progress) {
-  const std::optional<PipelineFolder> p = find_pipeline_folder(pipeline_dir);
-  FLOWKV_CHECK(p, pipeline_dir,
+namespace {
+
+// The pipeline folder and the family that generates with its class.
+std::pair<PipelineFolder, const families::Family*> pipeline_family(const std::string& dir) {
+  std::optional<PipelineFolder> p = find_pipeline_folder(dir);
+  FLOWKV_CHECK(p, dir,
                ": not a diffusers pipeline folder (no model_index.json); generate needs the whole "
-               "pipeline: transformer/, text_encoder/, tokenizer/ and vae/");
+               "pipeline: the transformer, text encoder, tokenizer or processor, and VAE");
   std::string known;
   for (const families::Family& f : families::registry()) {
     if (!f.generate) continue;
-    if (f.runs_pipeline(p->class_name)) return f.generate(*p, request, progress);
+    if (f.runs_pipeline(p->class_name)) return {std::move(*p), &f};
     known += (known.empty() ? "" : ", ") + f.info.title;
   }
   fail(p->path, "/model_index.json: flowkv does not generate with a ", p->class_name,
        " pipeline; it generates with ", known);
+}
+
+}  // namespace
+
+GenerateResult generate(const std::string& pipeline_dir, const GenerateRequest& request,
+                        const GenerateProgress& progress) {
+  const auto [p, family] = pipeline_family(pipeline_dir);
+  return family->generate(p, request, progress);
+}
+
+GenerateLayout generate_layout(const std::string& pipeline_dir, const GenerateRequest& request) {
+  const auto [p, family] = pipeline_family(pipeline_dir);
+  return family->generate_layout(p, request);
 }
 
 void save_png(const std::string& path, const GenerateResult& r) {

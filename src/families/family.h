@@ -107,6 +107,9 @@ struct Family {
   std::function<GenerateResult(const PipelineFolder& pipeline, const GenerateRequest& request,
                                const GenerateProgress& progress)>
       generate;
+  // With generate: the request's token layout, from the tokenizer and the images' sizes only.
+  std::function<GenerateLayout(const PipelineFolder& pipeline, const GenerateRequest& request)>
+      generate_layout;
 };
 
 // Every family, in registration order (families.cc holds the one list).
@@ -128,6 +131,13 @@ bool klein_runs_pipeline(const std::string& pipeline_class);
 void klein_check_pipeline(const PipelineFolder& p);
 GenerateResult flux2_generate(const PipelineFolder& p, const GenerateRequest& req,
                               const GenerateProgress& progress);
+GenerateLayout klein_generate_layout(const PipelineFolder& p, const GenerateRequest& req);
+// Qwen-Image-2.1's whole pipeline (families/qwen21_generate.cc).
+bool qwen21_runs_pipeline(const std::string& pipeline_class);
+void qwen21_check_pipeline(const PipelineFolder& p);
+GenerateResult qwen21_generate(const PipelineFolder& p, const GenerateRequest& req,
+                               const GenerateProgress& progress);
+GenerateLayout qwen21_generate_layout(const PipelineFolder& p, const GenerateRequest& req);
 
 // Each family's registration (one file per family).
 Family flux2_family();

@@ -367,6 +367,7 @@ Family flux2_family() {
   f.runs_pipeline = klein_runs_pipeline;
   f.check_pipeline = klein_check_pipeline;
   f.generate = flux2_generate;
+  f.generate_layout = klein_generate_layout;
   return f;
 }
 

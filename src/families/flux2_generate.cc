@@ -150,13 +150,34 @@ std::string parameters_text(const GenerateRequest& req, const PipelineFolder& p,
   return s + ", Generator: flowkv";
 }
 
-GenerateResult generate_klein(const PipelineFolder& p, const GenerateRequest& req,
-                              const GenerateProgress& progress) {
+// The target's latent grid: the asked size, else the last reference's, else the default; floored
+// to the latent grid.
+std::pair<int64_t, int64_t> target_grid(const Components& c, const GenerateRequest& req,
+                                        int64_t ref_w, int64_t ref_h) {
+  const int64_t m = c.vae_cfg.pixel_multiple();
+  const int64_t want_w = req.width ? req.width
+                         : ref_w   ? ref_w
+                                   : kDefaultSampleSize * c.vae_cfg.scale_factor();
+  const int64_t want_h = req.height ? req.height
+                         : ref_h    ? ref_h
+                                    : kDefaultSampleSize * c.vae_cfg.scale_factor();
+  const int64_t gw = want_w / m, gh = want_h / m;
+  FLOWKV_CHECK(gw >= 1 && gh >= 1, "the image size ", size_str(want_w, want_h),
+               " is smaller than one latent token (", m, " pixels)");
+  return {gw, gh};
+}
+
+void check_request(const PipelineFolder& p, const GenerateRequest& req) {
   FLOWKV_CHECK(!req.has_negative_prompt && req.cfg_scale <= 1.0f, p.path,
                ": FLUX.2 Klein runs without classifier-free guidance (the distilled pipelines "
                "have none): drop the negative prompt and the CFG scale");
   FLOWKV_CHECK(req.resolution == 0, p.path,
                ": the resolution option is Qwen-Image-2.1's; give FLUX.2 Klein the output size");
+}
+
+GenerateResult generate_klein(const PipelineFolder& p, const GenerateRequest& req,
+                              const GenerateProgress& progress) {
+  check_request(p, req);
   const Components c = check_components(p);
   GenerateResult res;
   pipeline::StageRunner stages(progress, res.stages);
@@ -170,17 +191,8 @@ GenerateResult generate_klein(const PipelineFolder& p, const GenerateRequest& re
         "references", static_cast<int64_t>(req.references.size()),
         [&](pipeline::Stage& s) { return encode_references(c, req, s, &ref_w, &ref_h); });
   }
-  // Size: asked, else the last reference's, else the default; floored to the latent grid.
-  const int64_t m = c.vae_cfg.pixel_multiple();
-  const int64_t want_w = req.width ? req.width
-                         : ref_w   ? ref_w
-                                   : kDefaultSampleSize * c.vae_cfg.scale_factor();
-  const int64_t want_h = req.height ? req.height
-                         : ref_h    ? ref_h
-                                    : kDefaultSampleSize * c.vae_cfg.scale_factor();
-  const int64_t gw = want_w / m, gh = want_h / m;
-  FLOWKV_CHECK(gw >= 1 && gh >= 1, "the image size ", size_str(want_w, want_h),
-               " is smaller than one latent token (", m, " pixels)");
+  const std::pair<int64_t, int64_t> grid = target_grid(c, req, ref_w, ref_h);
+  const int64_t gw = grid.first, gh = grid.second, m = c.vae_cfg.pixel_multiple();
   res.width = gw * m, res.height = gh * m;
 
   const int steps = req.steps > 0 ? req.steps : by_name("flux2").info.default_steps;
@@ -240,6 +252,26 @@ GenerateResult generate_klein(const PipelineFolder& p, const GenerateRequest& re
 }
 
 }  // namespace
+
+GenerateLayout klein_generate_layout(const PipelineFolder& p, const GenerateRequest& req) {
+  check_request(p, req);
+  const Components c = check_components(p);
+  GenerateLayout l;
+  l.text_tokens = kMaxTextTokens;  // the prompt is padded to 512 rows, all of them read
+  const int64_t m = c.vae_cfg.pixel_multiple();
+  int64_t ref_w = 0, ref_h = 0;
+  for (const std::string& path : req.references) {
+    const Image img = flux2_reference_image(load_image(path), path);
+    ref_w = img.width, ref_h = img.height;
+    l.image_sizes.emplace_back(img.width, img.height);
+    l.image_tokens.push_back((img.width / m) * (img.height / m));
+  }
+  const auto [gw, gh] = target_grid(c, req, ref_w, ref_h);
+  l.width = gw * m, l.height = gh * m;
+  l.target_tokens = gw * gh;
+  l.transformer = c.transformer;
+  return l;
+}
 
 void klein_check_pipeline(const PipelineFolder& p) {
   (void)check_components(p);

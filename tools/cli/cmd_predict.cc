@@ -4,6 +4,7 @@
 
 #include "commands.h"
 #include "flowkv/error.h"
+#include "flowkv/generate.h"
 #include "flowkv/limits.h"
 #include "flowkv/model.h"
 #include "flowkv/predict.h"
@@ -25,7 +26,12 @@ void add_predict(CLI::App& app) {
       "and the KV payload of the exact conditioning cache, from the cost model, and say which\n"
       "segments may be cached at all. Examples (the published figures):\n"
       "  flowkv predict --size 1024x1024 --ref 1024x704                (Klein 9B KV)\n"
-      "  flowkv predict --model qwen-image-2.1 --ref 1248x864 --text-tokens 34 [--cfg]");
+      "  flowkv predict --model qwen-image-2.1 --ref 1216x864 --text-tokens 34 [--cfg]\n"
+      "With a pipeline folder and -p, the token counts are the real ones: the prompt through\n"
+      "the pipeline's tokenizer (and processor), the images (-r FILE) at the sizes the pipeline\n"
+      "encodes them:\n"
+      "  flowkv predict --model QWEN21_PIPELINE -p \"a cat\" -r photo.png [-n \"blurry\" "
+      "--cfg-scale 4]");
   struct Opts {
     std::string model = "klein-9b-kv", size = "1024x1024";
     std::vector<std::string> refs = {"1024x704"};
@@ -33,6 +39,12 @@ void add_predict(CLI::App& app) {
     int steps = 4;
     bool cfg = false, no_refs = false;
     std::string kv_dtype = "bf16";
+    // A real request (pipeline folders): prompt, image files, negative prompt.
+    std::string prompt, negative;
+    bool has_prompt = false, has_negative = false;
+    std::vector<std::string> images;
+    float cfg_scale = 1.0f;
+    int64_t resolution = 0;
   };
   auto* o = new Opts;
   cmd->add_option(
@@ -45,7 +57,8 @@ void add_predict(CLI::App& app) {
              }() +
              "), a built-in model, or a config.json / checkpoint folder")
       ->capture_default_str();
-  cmd->add_option("--size", o->size, "output image WxH in pixels")->capture_default_str();
+  CLI::Option* size_opt =
+      cmd->add_option("--size", o->size, "output image WxH in pixels")->capture_default_str();
   cmd->add_option("--ref", o->refs, "reference image WxH in pixels (repeat for several)")
       ->capture_default_str();
   cmd->add_flag("--no-refs", o->no_refs, "no reference images");
@@ -58,7 +71,17 @@ void add_predict(CLI::App& app) {
   cmd->add_flag("--cfg", o->cfg, "classifier-free guidance: two branches, two caches");
   cmd->add_option("--kv-dtype", o->kv_dtype, "element type of the cached K/V: bf16 or f32")
       ->capture_default_str();
-  cmd->callback([o] {
+  cmd->add_option("-p,--prompt", o->prompt,
+                  "a real prompt (--model a pipeline folder): its token count from the tokenizer")
+      ->each([o](const std::string&) { o->has_prompt = true; });
+  cmd->add_option("-r,--image", o->images,
+                  "with -p: an image file, encoded at the pipeline's size (repeat for several)");
+  cmd->add_option("-n,--negative", o->negative, "with -p: a negative prompt (CFG)")
+      ->each([o](const std::string&) { o->has_negative = true; });
+  cmd->add_option("--cfg-scale", o->cfg_scale, "with -p: the guidance scale (CFG above 1)");
+  cmd->add_option("--resolution", o->resolution,
+                  "with -p: Qwen-Image-2.1's condition-image resolution (default 1024)");
+  cmd->callback([o, size_opt] {
     std::exit(guarded([&] {
       PredictRequest r;
       r.model = o->model;
@@ -74,6 +97,33 @@ void add_predict(CLI::App& app) {
       r.text_tokens = o->text;
       r.steps = o->steps;
       r.cfg = o->cfg;
+      if (o->has_prompt) {  // the real layout of this request
+        GenerateRequest g;
+        g.prompt = o->prompt;
+        g.negative_prompt = o->negative;
+        g.has_negative_prompt = o->has_negative;
+        g.cfg_scale = o->cfg_scale;
+        g.resolution = o->resolution;
+        g.references = o->images;
+        if (size_opt->count() > 0) std::tie(g.width, g.height) = parse_size(o->size, "--size");
+        const GenerateLayout l = generate_layout(o->model, g);
+        r.model = l.transformer;
+        r.text_tokens = l.text_tokens;
+        r.ref_tokens = l.image_tokens;
+        r.target_tokens = l.target_tokens;
+        r.cfg = l.cfg;
+        int64_t prefix = l.text_tokens;
+        std::cout << "tokens:     text " << l.text_tokens;
+        for (size_t i = 0; i < l.image_tokens.size(); ++i) {
+          std::cout << ", image " << i + 1 << " " << l.image_tokens[i] << " ("
+                    << l.image_sizes[i].first << "x" << l.image_sizes[i].second << ")";
+          prefix += l.image_tokens[i];
+        }
+        std::cout << ", target " << l.target_tokens << " (" << l.width << "x" << l.height
+                  << "); conditioning " << prefix << " per branch";
+        if (l.cfg) std::cout << "; negative prompt text " << l.negative_text_tokens;
+        std::cout << "\n";
+      }
       FLOWKV_CHECK(o->kv_dtype == "bf16" || o->kv_dtype == "f32", "--kv-dtype is bf16 or f32");
       r.kv_bytes_per_element = o->kv_dtype == "bf16" ? 2 : 4;
       const FamilyInfo& family = detect_family(o->model);
