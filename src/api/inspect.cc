@@ -98,10 +98,15 @@ void inspect_pipeline(const PipelineFolder& p, InspectReport& r) {
     if (!path_exists(c.path)) {
       cr.note = "missing";
       r.problems.push_back(p.path + "/model_index.json names " + name + "/, which is missing");
-    } else if (name == "tokenizer") {
+    } else if (name == "tokenizer" || name == "processor") {  // files, no weights
       const std::string tj = c.path + "/tokenizer.json";
       cr.note = path_exists(tj) ? "tokenizer.json " + std::to_string(fs::file_size(tj)) + " bytes"
                                 : "no tokenizer.json";
+      if (name == "processor") {
+        cr.note += path_exists(c.path + "/preprocessor_config.json")
+                       ? ", preprocessor_config.json"
+                       : ", no preprocessor_config.json";
+      }
     } else if (name == "scheduler") {
       cr.note = path_exists(c.path + "/scheduler_config.json") ? "scheduler_config.json"
                                                                : "no scheduler_config.json";
