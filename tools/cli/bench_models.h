@@ -18,6 +18,9 @@ struct BenchInputs {
   std::string family, model, builtin, dtype = "auto";
   std::string grid = "16x16", ref_grid = "16x16";
   int64_t text = 64;
+  // The shapes of a real request (--pipeline with -p, --image): its token layout.
+  std::string pipeline, prompt;
+  std::vector<std::string> images;
   uint64_t seed = 0;
 };
 

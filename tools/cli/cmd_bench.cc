@@ -11,6 +11,7 @@
 #include "bench_models.h"
 #include "commands.h"
 #include "flowkv/error.h"
+#include "flowkv/generate.h"
 #include "flowkv/io.h"
 #include "flowkv/limits.h"
 #include "flowkv/model.h"
@@ -275,6 +276,13 @@ void add_bench(CLI::App& app) {
   cmd->add_option("--text-tokens", o->text, "text tokens")
       ->check(CLI::Range(int64_t{1}, limits::kMaxTokens))
       ->capture_default_str();
+  cmd->add_option("--pipeline", o->pipeline,
+                  "with -p: take the token counts from this pipeline folder's tokenizer (and "
+                  "processor) for the prompt and --image files: text tokens, target grid, "
+                  "image grid and count");
+  cmd->add_option("-p,--prompt", o->prompt, "with --pipeline: the prompt");
+  cmd->add_option("--image", o->images,
+                  "with --pipeline: a conditioning image file (repeat); all must give one grid");
   cmd->add_option("--kv-budget", o->kv_budget, "refuse cells whose cache needs more (e.g. 512M)");
   cmd->add_option("--json", o->json, "also write the results to this JSON file");
   cmd->add_option("--seed", o->seed, "seed of the weights and inputs");
@@ -298,6 +306,26 @@ void add_bench(CLI::App& app) {
       const FamilyInfo& f = choose_family(*o);
       FLOWKV_CHECK(f.text_kv_approx || !o->approx, "--text-kv-approx: ", f.title,
                    " offers no text-KV approximation");
+      if (!o->pipeline.empty()) {  // a real request's token layout
+        GenerateRequest g;
+        g.prompt = o->prompt;
+        g.references = o->images;
+        const GenerateLayout l = generate_layout(o->pipeline, g);
+        o->text = l.text_tokens;
+        o->grid = std::to_string(l.height / 16) + "x" + std::to_string(l.width / 16);
+        for (size_t i = 0; i < l.image_sizes.size(); ++i) {
+          const std::string grid = std::to_string(l.image_sizes[i].second / 16) + "x" +
+                                   std::to_string(l.image_sizes[i].first / 16);
+          FLOWKV_CHECK(i == 0 || grid == o->ref_grid, "--image ", o->images[i], ": grid ", grid,
+                       " differs from the first image's ", o->ref_grid,
+                       " (bench runs images of one grid)");
+          o->ref_grid = grid;
+        }
+        if (o->refs.empty()) o->refs = std::to_string(l.image_sizes.size());
+        std::printf("layout:  %s: %ld text tokens, target %s, %zu image(s) of %s tokens\n",
+                    o->pipeline.c_str(), l.text_tokens, o->grid.c_str(), l.image_sizes.size(),
+                    o->ref_grid.c_str());
+      }
       if (o->builtin.empty()) o->builtin = f.default_builtin;
       if (o->steps.empty()) o->steps = joined(f.bench_steps);
       if (o->refs.empty()) o->refs = joined(f.bench_images);
