@@ -171,6 +171,56 @@ TEST(Qwen3VLText, HiddenStatesMatchTransformers) {
   }
 }
 
+TEST(Qwen3VLText, TracerSeesTheDeepstackInjection) {
+  const Case c("ti2i");
+  test::CaptureTracer tracer;
+  Arena arena;
+  ExecContext ec{&arena, KernelPath::kFast, &tracer};
+  const std::vector<int32_t> ids = c.ids();
+  model().forward(ec, {.ids = ids, .grids = c.grids, .vision = c.vis()});
+  // Two deepstack features: layers 0 and 1 have an injected state, layer 2 not.
+  for (const char* name : {"inputs_embeds", "layers.0", "layers.0.deepstack", "layers.1",
+                           "layers.1.deepstack", "layers.2"}) {
+    EXPECT_TRUE(tracer.got.count(name)) << name;
+  }
+  EXPECT_FALSE(tracer.got.count("layers.2.deepstack"));
+  expect_close(tracer.got.at("layers.0"), c.t.at("layer0"), "traced layers.0");
+  expect_close(tracer.got.at("layers.0.deepstack"), c.t.at("layer0_ds"), "layers.0.deepstack");
+  // The injection touches the image rows only.
+  const Tensor& a = tracer.got.at("layers.0");
+  const Tensor& b = tracer.got.at("layers.0.deepstack");
+  for (int64_t i = 0; i < a.dim(0); ++i) {
+    const bool image = ids[static_cast<size_t>(i)] == model().config().image_token_id;
+    EXPECT_EQ(!test::bit_equal(a.f32() + i * 32, b.f32() + i * 32, 32), image) << i;
+  }
+}
+
+TEST(Qwen3VLText, Bf16CheckpointComputesInBf16LikeThePipeline) {
+  const Case c("ti2i_bf16");
+  const Case f32("ti2i");
+  const auto m = qwen3_vl::TextModel::load(golden("qwen3_vl_text/text_encoder_bf16"));
+  EXPECT_EQ(m.compute_dtype(), DType::kBF16);
+  EXPECT_LT(m.weight_bytes(), model().weight_bytes());
+  Ctx ctx;
+  const auto e = qwen3_vl::prompt_embeds(ctx.ec, m, tiny_tokenizer(), c.prompt, c.grids, c.vis());
+  // bf16 activations against transformers' own bf16 run (what the pipeline computes) and
+  // against the f32 run of the same weights; the output is bf16 values, as the pipeline's.
+  const test::ErrorStats s16 =
+      test::compare(e.embeds.f32(), c.t.at("prompt_embeds").f32(), e.embeds.numel());
+  const test::ErrorStats s32 =
+      test::compare(e.embeds.f32(), f32.t.at("prompt_embeds").f32(), e.embeds.numel());
+  std::printf(
+      "  bf16 vs bf16 reference: max rel %.3g, NMSE %.3g; vs f32: max rel %.3g, NMSE %.3g\n",
+      s16.rel(), s16.nmse(), s32.rel(), s32.nmse());
+  EXPECT_LE(s16.rel(), 0.05);
+  EXPECT_LE(s16.nmse(), 2e-4);
+  EXPECT_LE(s32.rel(), 0.05);
+  EXPECT_LE(s32.nmse(), 5e-4);
+  for (int64_t i = 0; i < e.embeds.numel(); ++i) {
+    ASSERT_EQ(e.embeds.f32()[i], round_bf16(e.embeds.f32()[i])) << i;
+  }
+}
+
 TEST(Qwen3VLText, PromptEmbedsMatchThePipeline) {
   const auto tok = tiny_tokenizer();
   for (const std::string& name : kCases) {
@@ -240,6 +290,9 @@ TEST(Qwen3VLText, PromptErrors) {
                {"<|video_pad|>"});
   const std::vector<Grid> zero = {Grid{1, 0, 4}};
   expect_error([&] { qwen3_vl::prompt_tokens(tok, cfg, "x", zero); }, {"image 1 grid (1, 0, 4)"});
+  const std::vector<Grid> odd = {Grid{1, 4, 3}};
+  expect_error([&] { qwen3_vl::prompt_tokens(tok, cfg, "x", odd); },
+               {"image 1 grid (1, 4, 3)", "spatial merge size 2"});
   // A tokenizer whose <|image_pad|> is another id than the model's.
   qwen3_vl::Config other = cfg;
   other.image_token_id = 5;
@@ -286,6 +339,39 @@ TEST(Qwen3VLText, ForwardErrors) {
   video[2] = 1037;
   expect_error([&] { m.forward(ctx.ec, {.ids = video}); }, {"<|video_pad|>", "not supported"});
   expect_error([&] { m.forward(ctx.ec, {.ids = {}}); }, {"no token ids"});
+}
+
+TEST(Qwen3VLText, ReadsTheReleasedConfigLayout) {
+  // The layout of Qwen's Qwen3-VL-8B-Instruct config.json (transformers 4.57: the RoPE dict in
+  // text_config.rope_scaling, rope_theta beside it), shapes of the 8B model.
+  const Json j = parse_json(R"({
+    "architectures": ["Qwen3VLForConditionalGeneration"], "model_type": "qwen3_vl",
+    "image_token_id": 151655, "video_token_id": 151656, "vision_start_token_id": 151652,
+    "vision_end_token_id": 151653, "tie_word_embeddings": false,
+    "text_config": {"model_type": "qwen3_vl_text", "vocab_size": 151936, "hidden_size": 4096,
+      "intermediate_size": 12288, "num_hidden_layers": 36, "num_attention_heads": 32,
+      "num_key_value_heads": 8, "head_dim": 128, "hidden_act": "silu", "attention_bias": false,
+      "attention_dropout": 0.0, "max_position_embeddings": 262144, "rms_norm_eps": 1e-06,
+      "rope_scaling": {"mrope_interleaved": true, "mrope_section": [24, 20, 20],
+                       "rope_type": "default"},
+      "rope_theta": 5000000, "dtype": "bfloat16", "use_cache": true},
+    "vision_config": {"model_type": "qwen3_vl", "depth": 27, "hidden_size": 1152,
+      "out_hidden_size": 4096, "spatial_merge_size": 2, "patch_size": 16,
+      "deepstack_visual_indexes": [8, 16, 24]}})",
+                            "released");
+  const qwen3_vl::Config c = qwen3_vl::Config::from_json(j, "released");
+  EXPECT_EQ(c.text.hidden_size, 4096);
+  EXPECT_EQ(c.text.num_hidden_layers, 36);
+  EXPECT_EQ(c.text.num_key_value_heads, 8);
+  EXPECT_DOUBLE_EQ(c.text.rope_theta, 5000000.0);
+  EXPECT_EQ(c.mrope_section, (std::array<int64_t, 3>{24, 20, 20}));
+  EXPECT_EQ(c.image_token_id, 151655);
+  EXPECT_EQ(c.spatial_merge_size, 2);
+  EXPECT_EQ(c.text.dtype, "bfloat16");
+  // Without any rope_theta, Qwen3VLTextConfig's default (500000), not Qwen3Config's.
+  Json b = j;
+  b["text_config"].erase("rope_theta");
+  EXPECT_DOUBLE_EQ(qwen3_vl::Config::from_json(b, "no theta").text.rope_theta, 500000.0);
 }
 
 TEST(Qwen3VLText, ConfigAndCheckpointErrors) {

@@ -24,6 +24,8 @@ recording, through hooks, what the language model was given and what it computed
                       ``layer0_ds`` (after it: the input of layer 1), ``last_prenorm`` (the last
                       layer's output, the pipeline's hidden_states[-1]), ``prompt_embeds``
                       [L - drop, H] and ``image_pad_mask`` [L - drop]; integers stored as F32
+* ``text_encoder_bf16/`` the same weights saved in bfloat16, and ``ti2i_bf16.safetensors`` the
+                      ti2i case run by the pipeline with that bf16 model (vision tower included)
 * ``meta.json``       prompts, drop index, token ids of the special tokens, versions
 
 The chat template: the processor's ``apply_chat_template`` is used by the pipeline only to count
@@ -44,6 +46,7 @@ tree from tests/golden/tokenizer/qwen3_tokenizer.tar.xz)::
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 
@@ -316,6 +319,13 @@ def main():
     # The empty prompt becomes " " (the pipeline's rule): its ids are checked too.
     run_case(pipe, model, "empty", "", None, args.out, meta)
     run_case(pipe, model, "special", PROMPT_SPECIAL, None, args.out, meta)
+    # bfloat16: the same weights saved and run in bf16, as a released checkpoint runs (the vision
+    # tower too: its bf16 outputs are what the language model is fed).
+    model16 = copy.deepcopy(model).to(torch.bfloat16).eval()
+    model16.save_pretrained(os.path.join(args.out, "text_encoder_bf16"), safe_serialization=True)
+    pipe16 = QwenImage21Pipeline(scheduler=None, vae=None, text_encoder=model16,
+                                 processor=processor, transformer=None)
+    run_case(pipe16, model16, "ti2i_bf16", PROMPT_TI2I, images, args.out, meta)
     for bad, imgs in [("a <|image_pad|> b", None), ("a <|image_pad|> b", images),
                       ("a <|video_pad|>", None)]:
         try:

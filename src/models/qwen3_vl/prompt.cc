@@ -92,6 +92,10 @@ PromptTokens prompt_tokens(const text::Tokenizer& tokenizer, const Config& cfg,
                    " grid (", g[0], ", ", g[1], ", ", g[2], ") has a size outside [1, ",
                    limits::kMaxTokens, "]");
     }
+    FLOWKV_CHECK(g[1] % cfg.spatial_merge_size == 0 && g[2] % cfg.spatial_merge_size == 0,
+                 "qwen3_vl prompt: image ", i + 1, " grid (", g[0], ", ", g[1], ", ", g[2],
+                 ") is not a multiple of the spatial merge size ", cfg.spatial_merge_size,
+                 " in h and w");
     const int64_t n = checked_mul(checked_mul(g[0], g[1], "image grid"), g[2], "image grid") / m2;
     total = checked_add(total, n, "image tokens");
     FLOWKV_CHECK(total <= limits::kMaxTokens, "qwen3_vl prompt: the images make ", total,

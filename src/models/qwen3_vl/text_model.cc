@@ -125,6 +125,11 @@ Tensor copy_out(Mat x) {
   return t;
 }
 
+// The tracer's copy of x under `name` (only when one is attached and wants it).
+void trace(const ExecContext& ec, const std::string& name, Mat x) {
+  if (ec.tracer && ec.tracer->wants(name)) ec.tracer->record(name, copy_out(x));
+}
+
 }  // namespace
 
 std::vector<int64_t> rope_positions(const Config& c, std::span<const int32_t> ids,
@@ -308,9 +313,12 @@ Tensor TextModel::forward(const ExecContext& ctx, const TextInputs& in, TextTrac
     trace->inputs_embeds = copy_out(x);
     trace->layers.clear();
   }
+  flowkv::qwen3_vl::trace(ctx, "inputs_embeds", x);
   for (int64_t l = 0; l < tc.num_hidden_layers; ++l) {
     qwen3::decoder_layer(r, w.layers[static_cast<size_t>(l)], x);
     if (trace) trace->layers.push_back(copy_out(x));
+    const std::string name = "layers." + std::to_string(l);
+    flowkv::qwen3_vl::trace(ctx, name, x);
     // Deepstack: feature l is added to the image rows after layer l (extra features, past the
     // last layer, are ignored as transformers ignores them).
     if (l < static_cast<int64_t>(vis.deepstack.size())) {
@@ -321,6 +329,7 @@ Tensor TextModel::forward(const ExecContext& ctx, const TextInputs& in, TextTrac
         for (int64_t h = 0; h < H; ++h) row[h] += add[h];
       }
       qwen3::round_if_bf16(r, x);
+      flowkv::qwen3_vl::trace(ctx, name + ".deepstack", x);
     }
   }
   return copy_out(x);

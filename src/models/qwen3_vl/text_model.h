@@ -81,6 +81,8 @@ class TextModel {
 
   // The last decoder layer's output before the final norm, f32 [L, hidden]: what diffusers'
   // QwenImage21Pipeline reads as hidden_states[-1] (its forward hook takes the norm's input).
+  // An attached ctx.tracer receives "inputs_embeds", "layers.<k>" (layer k's output) and
+  // "layers.<k>.deepstack" (after deepstack feature k is added), each [L, hidden].
   Tensor forward(const ExecContext& ctx, const TextInputs& in, TextTrace* trace = nullptr) const;
 
   struct Weights;
