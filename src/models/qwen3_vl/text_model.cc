@@ -71,20 +71,15 @@ void mrope_tables(const Config& c, std::span<const int64_t> pos, int64_t L, floa
   }
 }
 
-// Checks the vision outputs against the ids' image rows; returns them widened to f32.
-struct Vision {
-  Tensor embeds;
-  std::vector<Tensor> deepstack;
-};
-Vision check_vision(const Config& c, const TextInputs& in, int64_t n_image) {
+// Checks the vision outputs against the ids' image rows (shapes only: nothing is allocated).
+void check_vision(const Config& c, const TextInputs& in, int64_t n_image) {
   const int64_t H = c.text.hidden_size;
-  Vision v;
   if (n_image == 0) {
     FLOWKV_CHECK(!in.vision || !in.vision->embeds.defined() || in.vision->embeds.numel() == 0,
                  "qwen3_vl encode: vision outputs given, but the ids hold no <|image_pad|> token "
                  "(id ",
                  c.image_token_id, ")");
-    return v;
+    return;
   }
   FLOWKV_CHECK(in.vision && in.vision->embeds.defined(), "qwen3_vl encode: the ids hold ", n_image,
                " <|image_pad|> tokens but no vision outputs were given");
@@ -92,22 +87,37 @@ Vision check_vision(const Config& c, const TextInputs& in, int64_t n_image) {
     FLOWKV_CHECK(t.defined() && t.shape() == (Shape{n_image, H}), "qwen3_vl encode: ", what,
                  " has shape ", t.defined() ? shape_str(t.shape()) : std::string("(none)"),
                  ", expected [", n_image, ", ", H, "] (one row per <|image_pad|> token)");
-    return t.to_f32();
   };
-  v.embeds = check(in.vision->embeds, "the vision embeddings");
+  check(in.vision->embeds, "the vision embeddings");
   for (size_t k = 0; k < in.vision->deepstack.size(); ++k) {
-    v.deepstack.push_back(check(in.vision->deepstack[k], "deepstack feature " + std::to_string(k)));
+    check(in.vision->deepstack[k], "deepstack feature " + std::to_string(k));
   }
+}
+
+// The vision outputs widened to f32 (copies: bf16 rounding may change them).
+struct Vision {
+  Tensor embeds;
+  std::vector<Tensor> deepstack;
+};
+Vision widen_vision(const TextInputs& in, int64_t n_image) {
+  Vision v;
+  if (n_image == 0) return v;
+  v.embeds = in.vision->embeds.to_f32();
+  for (const Tensor& t : in.vision->deepstack) v.deepstack.push_back(t.to_f32());
   return v;
 }
 
-void check_memory_for(const Config& c, int64_t L, bool trace) {
+// Activations of one layer, the RoPE tables, the positions, the f32 copies of the vision
+// outputs (n_vision tensors of at most L rows) and a trace, checked before any is allocated.
+void check_memory_for(const Config& c, int64_t L, int64_t n_vision, bool trace) {
   const qwen3::Config& t = c.text;
   const std::string what = "qwen3_vl encode activations";
   const int64_t per_row =
       t.hidden_size * 4 + t.q_width() * 2 + t.kv_width() * 2 + t.intermediate_size * 3;
   int64_t floats = checked_mul(L, per_row, what);
   floats = checked_add(floats, checked_mul(2 * L, t.head_dim, what), what);
+  floats =
+      checked_add(floats, checked_mul(checked_mul(L, t.hidden_size, what), n_vision, what), what);
   if (trace) {
     floats = checked_add(
         floats, checked_mul(checked_mul(L, t.hidden_size, what), t.num_hidden_layers + 1, what),
@@ -270,9 +280,11 @@ Tensor TextModel::forward(const ExecContext& ctx, const TextInputs& in, TextTrac
                  ")");
     n_image += in.ids[i] == c.image_token_id;
   }
+  check_vision(c, in, n_image);
+  const int64_t n_vision = n_image > 0 ? 1 + static_cast<int64_t>(in.vision->deepstack.size()) : 0;
+  check_memory_for(c, L, n_vision, trace != nullptr);
   const std::vector<int64_t> pos = rope_positions(c, in.ids, in.grids);
-  Vision vis = check_vision(c, in, n_image);
-  check_memory_for(c, L, trace != nullptr);
+  Vision vis = widen_vision(in, n_image);
 
   Arena& ws = *ctx.arena;
   ArenaScope scope(ws);
