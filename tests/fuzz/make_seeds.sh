@@ -10,7 +10,7 @@ golden="$root/tests/golden"
 targets=(fuzz_safetensors_header fuzz_shard_index fuzz_flux2_config fuzz_qwen_config
          fuzz_inspect_folder fuzz_gguf fuzz_pipeline_index fuzz_png
          fuzz_jpeg fuzz_tokenizer fuzz_tokenizer_json fuzz_qwen3_config
-         fuzz_flux2_vae_config)
+         fuzz_flux2_vae_config fuzz_qwen3_vl)
 for t in "${targets[@]}"; do rm -rf "${out:?}/$t"; mkdir -p "$out/$t"; done
 
 # Bytes of an unsigned integer, little-endian, on stdout.
@@ -82,6 +82,11 @@ for p in 'a photo of a cat' $'naïve cafe\xcc\x81 \r\n\t  x' '猫 🐱 👨‍�
   printf '%s' "$p" >"$out/fuzz_tokenizer/prompt$((i++))"
 done
 cp "$golden/tokenizer/tiny_tokenizer.json" "$out/fuzz_tokenizer_json/"
+# Qwen3-VL: byte 0 even + a config.json; byte 0 odd + image count + grids + a prompt.
+{ printf '\x00'; cat "$golden/qwen3_vl_text/text_encoder/config.json"; } >"$out/fuzz_qwen3_vl/config"
+printf '\x01\x00a red fox' >"$out/fuzz_qwen3_vl/t2i"
+printf '\x01\x02\x00\x02\x04\x01\x03\x02Put <image1> in <|im_start|>' >"$out/fuzz_qwen3_vl/ti2i"
+printf '\x01\x01\x00\x02\x02a <|image_pad|> b' >"$out/fuzz_qwen3_vl/literal_pad"
 
 for t in "${targets[@]}"; do
   echo "seeds: $t: $(find "$out/$t" -type f | wc -l) files, $(du -sk "$out/$t" | cut -f1) KiB"

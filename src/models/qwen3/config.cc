@@ -76,11 +76,12 @@ void refuse_sliding_window(const Json& j, const std::string& src, const Config& 
                "do not use it)");
 }
 
-Config from_json_unguarded(const Json& j, const std::string& src) {
+Config from_json_unguarded(const Json& j, const std::string& src, const std::string& model_type) {
   FLOWKV_CHECK(j.is_object(), src, ": config is not a JSON object");
   if (j.contains("model_type") && j["model_type"].is_string()) {
     const std::string t = j["model_type"].get<std::string>();
-    FLOWKV_CHECK(t == "qwen3", src, ": model_type is \"", t, "\", expected \"qwen3\"");
+    FLOWKV_CHECK(t == model_type, src, ": model_type is \"", t, "\", expected \"", model_type,
+                 "\"");
   }
   Config c;
   // Sizes within flowkv's limits (flowkv/limits.h), so every product below fits 64 bits.
@@ -113,8 +114,8 @@ Config from_json_unguarded(const Json& j, const std::string& src) {
 
 }  // namespace
 
-Config Config::from_json(const Json& j, const std::string& src) {
-  return at_input_boundary(src, [&] { return from_json_unguarded(j, src); });
+Config Config::from_json(const Json& j, const std::string& src, const std::string& model_type) {
+  return at_input_boundary(src, [&] { return from_json_unguarded(j, src, model_type); });
 }
 
 void Config::validate(const std::string& src) const {

@@ -29,7 +29,10 @@ struct Config {
 
   // Reads config.json. Fields flowkv does not implement are refused by name: attention_bias
   // true, hidden_act other than silu, a RoPE type other than "default", sliding-window layers.
-  static Config from_json(const Json& j, const std::string& source);
+  // `model_type`: the value a config.json's model_type must have when present ("qwen3";
+  // "qwen3_vl_text" for the text_config of a Qwen3-VL checkpoint).
+  static Config from_json(const Json& j, const std::string& source,
+                          const std::string& model_type = "qwen3");
   Json to_json() const;
   void validate(const std::string& source) const;
 };

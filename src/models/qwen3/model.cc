@@ -4,7 +4,6 @@
 #include "models/qwen3/model.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <filesystem>
 
@@ -14,21 +13,12 @@
 #include "flowkv/limits.h"
 #include "io/mapped_file.h"
 #include "models/common/blocks.h"
+#include "models/qwen3/decoder.h"
 #include "models/qwen3/weights.h"
-#include "ops/attention.h"
 #include "ops/linear.h"
 #include "ops/ops.h"
-#include "quant/quant.h"
 
 namespace flowkv::qwen3 {
-
-struct LayerWeights {
-  ops::Linear qkv;      // q_proj|k_proj|v_proj stacked: [Wq + 2 Wkv, H]
-  ops::Linear o;        // [H, Wq]
-  ops::Linear gate_up;  // gate_proj|up_proj stacked: [2F, H]
-  ops::Linear down;     // [H, F]
-  std::vector<float> input_norm, post_norm, q_norm, k_norm;
-};
 
 struct Encoder::Weights {
   Config cfg;
@@ -43,11 +33,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::vector<float> vec(const Tensor& t) {
-  const Tensor f = t.to_f32();
-  return std::vector<float>(f.f32(), f.f32() + f.numel());
-}
-
 // lm_head is never read: present or not (tied embeddings), it is left out of the checks.
 std::map<std::string, TensorInfo> without_lm_head(const std::map<std::string, TensorInfo>& t) {
   auto out = t;
@@ -61,36 +46,12 @@ std::vector<ExpectedTensor> table_without_lm_head(const Config& c) {
   return t;
 }
 
-DType choose_compute(const std::map<std::string, TensorInfo>& tensors,
-                     const std::vector<ExpectedTensor>& needed, const LoadOptions& opts) {
-  if (!opts.auto_dtype) return opts.compute;
-  for (const ExpectedTensor& e : needed) {
-    auto it = tensors.find(e.name);
-    if (it == tensors.end() || !it->second.dtype_known || it->second.dtype != DType::kBF16) {
-      return DType::kF32;
-    }
-  }
-  return DType::kBF16;
-}
-
-// transformers' default RoPE in f32: inv_freq[i] = 1 / theta^(2i/hd), angle = pos * inv_freq,
-// tables [L, hd] with the two halves equal (cat((freqs, freqs))).
+// Plain RoPE: position p on every frequency, tables [L, hd].
 void rope_tables(const Config& c, int64_t seq, float* cos, float* sin) {
-  const int64_t hd = c.head_dim, half = hd / 2;
-  const float theta = static_cast<float>(c.rope_theta);
-  std::vector<float> inv(static_cast<size_t>(half));
-  for (int64_t i = 0; i < half; ++i) {
-    const float e = static_cast<float>(2 * i) / static_cast<float>(hd);
-    inv[i] = 1.0f / static_cast<float>(std::pow(static_cast<double>(theta), double{e}));
-  }
+  const std::vector<float> inv = rope_inv_freq(c);
   for (int64_t p = 0; p < seq; ++p) {
-    for (int64_t i = 0; i < half; ++i) {
-      const float a = static_cast<float>(p) * inv[i];
-      const float cs = static_cast<float>(std::cos(double{a}));
-      const float sn = static_cast<float>(std::sin(double{a}));
-      cos[p * hd + i] = cos[p * hd + half + i] = cs;
-      sin[p * hd + i] = sin[p * hd + half + i] = sn;
-    }
+    rope_row(
+        inv, [p](size_t) { return p; }, cos + p * c.head_dim, sin + p * c.head_dim);
   }
 }
 
@@ -124,75 +85,6 @@ void check_args(const Config& c, const EncodeArgs& a, size_t outputs) {
   check_memory(checked_mul(floats, 4, what), what, "encode fewer or shorter prompts");
 }
 
-// Everything one forward shares.
-struct Run {
-  const ExecContext& ec;
-  const Encoder::Weights& w;
-  Arena& ws;
-  int64_t B, L, M, H, Wq, Wkv, hd, F;
-  float eps;
-  bool bf16;
-  const float* cos = nullptr;  // RoPE tables [L, hd]
-  const float* sin = nullptr;
-  const uint8_t* valid = nullptr;  // [B, L] key mask
-};
-
-// x = RMSNorm(x) * weight into y (Qwen3RMSNorm over the row).
-void rms_norm(const Run& r, Mat x, const std::vector<float>& weight, Mat y) {
-  copy_rows(x, y);
-  ops::rms_norm_rope(r.ec, y, y.cols, weight.data(), r.eps, {});
-}
-
-// Torch holds a bf16 model's activations in bf16: with bf16 compute the residual stream and
-// q/k/v are rounded where the reference rounds them.
-void round_if_bf16(const Run& r, Mat m) {
-  if (r.bf16) ops::round_bf16(r.ec, m);
-}
-
-// Qwen3DecoderLayer: x += o_proj(attn(q_norm/k_norm + RoPE)); x += down(SiLU(gate) * up).
-void decoder_layer(const Run& r, const LayerWeights& lw, Mat x) {
-  ArenaScope scope(r.ws);
-  const int64_t qkv_w = r.Wq + 2 * r.Wkv;
-  Mat n = alloc_mat(r.ws, r.M, r.H), qkv = alloc_mat(r.ws, r.M, qkv_w);
-  Mat attn = alloc_mat(r.ws, r.M, r.Wq), y = alloc_mat(r.ws, r.M, r.H);
-  rms_norm(r, x, lw.input_norm, n);
-  lw.qkv.forward(r.ec, n, qkv);
-  const ops::RopeRows rope{r.cos, r.sin, r.L, true};
-  ops::rms_norm_rope(r.ec, qkv.cols_slice(0, r.Wq), r.hd, lw.q_norm.data(), r.eps, rope);
-  ops::rms_norm_rope(r.ec, qkv.cols_slice(r.Wq, r.Wkv), r.hd, lw.k_norm.data(), r.eps, rope);
-  round_if_bf16(r, qkv);
-  ops::KVSource kv =
-      ops::KVSource::f32(qkv.cols_slice(r.Wq, r.Wkv), qkv.cols_slice(r.Wq + r.Wkv, r.Wkv), r.L);
-  kv.causal = true;
-  kv.valid = r.valid;
-  ops::AttnShape shape{r.B, r.w.cfg.num_attention_heads, r.hd, r.L};
-  shape.kv_heads = r.w.cfg.num_key_value_heads;
-  ops::attention(r.ec, shape, qkv.cols_slice(0, r.Wq), {&kv, 1}, attn);
-  round_if_bf16(r, attn);
-  lw.o.forward(r.ec, attn, y);
-  round_if_bf16(r, y);
-  ops::gated_add(r.ec, x, y, {});
-  round_if_bf16(r, x);
-
-  ArenaScope mlp(r.ws);
-  Mat gu = alloc_mat(r.ws, r.M, 2 * r.F), u = alloc_mat(r.ws, r.M, r.F);
-  rms_norm(r, x, lw.post_norm, n);
-  lw.gate_up.forward(r.ec, n, gu);
-  round_if_bf16(r, gu);
-  ops::swiglu(r.ec, gu, u);
-  lw.down.forward(r.ec, u, y);
-  round_if_bf16(r, y);
-  ops::gated_add(r.ec, x, y, {});
-  round_if_bf16(r, x);
-}
-
-// Row `id` of the embedding table, widened to f32.
-void embed_row(const Tensor& table, int64_t id, float* out) {
-  const int64_t h = table.dim(1), row_bytes = dtype_bytes(table.dtype(), h);
-  quant::dequantize_row(table.dtype(), static_cast<const std::byte*>(table.raw()) + id * row_bytes,
-                        out, h);
-}
-
 }  // namespace
 
 Encoder Encoder::load(const std::string& path, const LoadOptions& opts) {
@@ -221,7 +113,7 @@ Encoder Encoder::from_scan(const CheckpointScan& scan, const Config& cfg, const 
         format_problems(scan.path + " does not hold a Qwen3 text encoder of its config", problems));
   }
   const std::vector<ExpectedTensor> needed = needed_table(cfg, last);
-  const DType compute = choose_compute(tensors, needed, opts);
+  const DType compute = choose_compute(tensors, needed, opts.auto_dtype, opts.compute);
   const std::string embed_name = weight_name(GlobalW::kEmbedTokens);
   check_weights_fit(
       needed,
@@ -239,26 +131,11 @@ Encoder Encoder::from_scan(const CheckpointScan& scan, const Config& cfg, const 
   w->compute = compute;
   w->last = last;
   const ops::Compute dt{compute, opts.int8};
-  auto stack = [&](std::initializer_list<std::string> names) {
-    std::vector<Tensor> ts;
-    for (const auto& n : names) ts.push_back(reader.get(n));
-    return ops::Linear::stacked(ts, dt, opts.keep_plain);
-  };
   w->embed = reader.get(embed_name);
   for (int64_t l = 0; l < std::min(last, cfg.num_hidden_layers); ++l) {
-    auto n = [&](LayerW k) { return weight_name(l, k); };
-    LayerWeights lw;
-    lw.input_norm = vec(reader.get(n(LayerW::kInputNorm)));
-    lw.qkv = stack({n(LayerW::kQProj), n(LayerW::kKProj), n(LayerW::kVProj)});
-    lw.q_norm = vec(reader.get(n(LayerW::kQNorm)));
-    lw.k_norm = vec(reader.get(n(LayerW::kKNorm)));
-    lw.o = ops::Linear(reader.get(n(LayerW::kOProj)), dt, opts.keep_plain);
-    lw.post_norm = vec(reader.get(n(LayerW::kPostAttnNorm)));
-    lw.gate_up = stack({n(LayerW::kGateProj), n(LayerW::kUpProj)});
-    lw.down = ops::Linear(reader.get(n(LayerW::kDownProj)), dt, opts.keep_plain);
-    w->layers.push_back(std::move(lw));
+    w->layers.push_back(load_layer(reader, kPrefix, l, dt, opts.keep_plain));
   }
-  if (last == cfg.num_hidden_layers) w->norm = vec(reader.get(weight_name(GlobalW::kNorm)));
+  if (last == cfg.num_hidden_layers) w->norm = load_vector(reader, weight_name(GlobalW::kNorm));
   Encoder e;
   e.w_ = std::move(w);
   return e;
@@ -276,13 +153,7 @@ int64_t Encoder::last_hidden_state() const {
 
 int64_t Encoder::weight_bytes() const {
   int64_t b = w_->embed.nbytes() + static_cast<int64_t>(w_->norm.size()) * 4;
-  for (const LayerWeights& l : w_->layers) {
-    b += l.qkv.packed_bytes() + l.o.packed_bytes() + l.gate_up.packed_bytes() +
-         l.down.packed_bytes();
-    b += static_cast<int64_t>(l.input_norm.size() + l.post_norm.size() + l.q_norm.size() +
-                              l.k_norm.size()) *
-         4;
-  }
+  for (const LayerWeights& l : w_->layers) b += l.bytes();
   return b;
 }
 
@@ -302,19 +173,9 @@ std::vector<Tensor> Encoder::hidden_states(const ExecContext& ctx, const EncodeA
   ArenaScope scope(ws);
   const int64_t B = args.batch, L = static_cast<int64_t>(args.ids.size()) / B;
   const int64_t hd = c.head_dim;
-  Run r{.ec = ctx,
-        .w = w,
-        .ws = ws,
-        .B = B,
-        .L = L,
-        .M = B * L,
-        .H = c.hidden_size,
-        .Wq = c.q_width(),
-        .Wkv = c.kv_width(),
-        .hd = hd,
-        .F = c.intermediate_size,
-        .eps = static_cast<float>(c.rms_norm_eps),
-        .bf16 = w.compute == DType::kBF16};
+  DecoderRun r{
+      .ec = ctx, .cfg = c, .ws = ws, .B = B, .L = L, .M = B * L, .bf16 = w.compute == DType::kBF16};
+  const int64_t H = c.hidden_size;
   float* cos = ws.floats(L * hd);
   float* sin = ws.floats(L * hd);
   rope_tables(c, L, cos, sin);
@@ -327,14 +188,14 @@ std::vector<Tensor> Encoder::hidden_states(const ExecContext& ctx, const EncodeA
   for (int64_t i = 0; i < B * L; ++i) valid[i] = args.mask.empty() ? 1 : args.mask[i] != 0;
   r.valid = valid;
 
-  Mat x = alloc_mat(ws, r.M, r.H);
+  Mat x = alloc_mat(ws, r.M, H);
   for (int64_t i = 0; i < r.M; ++i) embed_row(w.embed, args.ids[i], x.row(i));
   std::vector<Tensor> out(indices.size());
   auto capture = [&](int64_t k, Mat m) {
     for (size_t i = 0; i < indices.size(); ++i) {
       if (indices[i] != k) continue;
-      out[i] = Tensor::empty({B, L, r.H});
-      std::memcpy(out[i].f32(), m.data, static_cast<size_t>(r.M * r.H) * sizeof(float));
+      out[i] = Tensor::empty({B, L, H});
+      std::memcpy(out[i].f32(), m.data, static_cast<size_t>(r.M * H) * sizeof(float));
     }
   };
   const int64_t stop = *std::max_element(indices.begin(), indices.end());
@@ -347,7 +208,7 @@ std::vector<Tensor> Encoder::hidden_states(const ExecContext& ctx, const EncodeA
     // The last hidden state is the final norm's output (transformers ties it to
     // last_hidden_state).
     ArenaScope s(ws);
-    Mat n = alloc_mat(ws, r.M, r.H);
+    Mat n = alloc_mat(ws, r.M, H);
     rms_norm(r, x, w.norm, n);
     round_if_bf16(r, n);
     capture(c.num_hidden_layers, n);

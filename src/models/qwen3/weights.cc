@@ -7,9 +7,8 @@ namespace flowkv::qwen3 {
 namespace {
 
 constexpr const char* kGlobalNames[] = {
-    "model.embed_tokens.weight",
-    "model.norm.weight",
-    "lm_head.weight",
+    "embed_tokens.weight", "norm.weight",
+    "lm_head.weight",  // never prefixed
 };
 constexpr const char* kLayerNames[] = {
     "input_layernorm.weight",  "self_attn.q_proj.weight",
@@ -24,11 +23,12 @@ static_assert(std::size(kLayerNames) == static_cast<size_t>(LayerW::kCount));
 
 }  // namespace
 
-std::string weight_name(GlobalW w) {
-  return kGlobalNames[static_cast<int>(w)];
+std::string weight_name(GlobalW w, const std::string& prefix) {
+  if (w == GlobalW::kLmHead) return kGlobalNames[static_cast<int>(w)];
+  return prefix + kGlobalNames[static_cast<int>(w)];
 }
-std::string weight_name(int64_t layer, LayerW w) {
-  return "model.layers." + std::to_string(layer) + "." + kLayerNames[static_cast<int>(w)];
+std::string weight_name(int64_t layer, LayerW w, const std::string& prefix) {
+  return prefix + "layers." + std::to_string(layer) + "." + kLayerNames[static_cast<int>(w)];
 }
 
 Shape weight_shape(const Config& c, GlobalW w) {
@@ -71,25 +71,25 @@ Shape weight_shape(const Config& c, LayerW w) {
   return {};
 }
 
-std::vector<ExpectedTensor> weight_table(const Config& c) {
-  std::vector<ExpectedTensor> t = needed_table(c, c.num_hidden_layers);
+std::vector<ExpectedTensor> weight_table(const Config& c, const std::string& prefix) {
+  std::vector<ExpectedTensor> t = needed_table(c, c.num_hidden_layers, prefix);
   if (!c.tie_word_embeddings) {
     t.push_back({weight_name(GlobalW::kLmHead), weight_shape(c, GlobalW::kLmHead)});
   }
   return t;
 }
 
-std::vector<ExpectedTensor> needed_table(const Config& c, int64_t last) {
+std::vector<ExpectedTensor> needed_table(const Config& c, int64_t last, const std::string& prefix) {
   std::vector<ExpectedTensor> t;
-  t.push_back({weight_name(GlobalW::kEmbedTokens), weight_shape(c, GlobalW::kEmbedTokens)});
+  t.push_back({weight_name(GlobalW::kEmbedTokens, prefix), weight_shape(c, GlobalW::kEmbedTokens)});
   for (int64_t l = 0; l < last && l < c.num_hidden_layers; ++l) {
     for (int i = 0; i < static_cast<int>(LayerW::kCount); ++i) {
       const auto w = static_cast<LayerW>(i);
-      t.push_back({weight_name(l, w), weight_shape(c, w)});
+      t.push_back({weight_name(l, w, prefix), weight_shape(c, w)});
     }
   }
   if (last >= c.num_hidden_layers) {
-    t.push_back({weight_name(GlobalW::kNorm), weight_shape(c, GlobalW::kNorm)});
+    t.push_back({weight_name(GlobalW::kNorm, prefix), weight_shape(c, GlobalW::kNorm)});
   }
   return t;
 }

@@ -1,0 +1,125 @@
+// The Qwen3 decoder layer (transformers modeling_qwen3.py Qwen3DecoderLayer, identical to
+// modeling_qwen3_vl.py Qwen3VLTextDecoderLayer). Shapes in PyTorch order.
+#include "models/qwen3/decoder.h"
+
+#include "models/common/blocks.h"
+#include "models/qwen3/weights.h"
+#include "ops/attention.h"
+#include "ops/ops.h"
+#include "quant/quant.h"
+
+namespace flowkv::qwen3 {
+
+int64_t LayerWeights::bytes() const {
+  return qkv.packed_bytes() + o.packed_bytes() + gate_up.packed_bytes() + down.packed_bytes() +
+         static_cast<int64_t>(input_norm.size() + post_norm.size() + q_norm.size() +
+                              k_norm.size()) *
+             4;
+}
+
+std::vector<float> load_vector(const CheckpointReader& reader, const std::string& name) {
+  const Tensor f = reader.get(name).to_f32();
+  return std::vector<float>(f.f32(), f.f32() + f.numel());
+}
+
+LayerWeights load_layer(const CheckpointReader& reader, const std::string& prefix, int64_t layer,
+                        ops::Compute dt, bool keep_plain) {
+  auto n = [&](LayerW k) { return weight_name(layer, k, prefix); };
+  auto stack = [&](std::initializer_list<LayerW> names) {
+    std::vector<Tensor> ts;
+    for (LayerW k : names) ts.push_back(reader.get(n(k)));
+    return ops::Linear::stacked(ts, dt, keep_plain);
+  };
+  LayerWeights lw;
+  lw.input_norm = load_vector(reader, n(LayerW::kInputNorm));
+  lw.qkv = stack({LayerW::kQProj, LayerW::kKProj, LayerW::kVProj});
+  lw.q_norm = load_vector(reader, n(LayerW::kQNorm));
+  lw.k_norm = load_vector(reader, n(LayerW::kKNorm));
+  lw.o = ops::Linear(reader.get(n(LayerW::kOProj)), dt, keep_plain);
+  lw.post_norm = load_vector(reader, n(LayerW::kPostAttnNorm));
+  lw.gate_up = stack({LayerW::kGateProj, LayerW::kUpProj});
+  lw.down = ops::Linear(reader.get(n(LayerW::kDownProj)), dt, keep_plain);
+  return lw;
+}
+
+DType choose_compute(const std::map<std::string, TensorInfo>& tensors,
+                     const std::vector<ExpectedTensor>& needed, bool auto_dtype, DType compute) {
+  if (!auto_dtype) return compute;
+  for (const ExpectedTensor& e : needed) {
+    auto it = tensors.find(e.name);
+    if (it == tensors.end() || !it->second.dtype_known || it->second.dtype != DType::kBF16) {
+      return DType::kF32;
+    }
+  }
+  return DType::kBF16;
+}
+
+std::vector<float> rope_inv_freq(const Config& c) {
+  const int64_t hd = c.head_dim, half = hd / 2;
+  const float theta = static_cast<float>(c.rope_theta);
+  std::vector<float> inv(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i) {
+    const float e = static_cast<float>(2 * i) / static_cast<float>(hd);
+    inv[i] = 1.0f / static_cast<float>(std::pow(static_cast<double>(theta), double{e}));
+  }
+  return inv;
+}
+
+void embed_row(const Tensor& table, int64_t id, float* out) {
+  const int64_t h = table.dim(1), row_bytes = dtype_bytes(table.dtype(), h);
+  quant::dequantize_row(table.dtype(), static_cast<const std::byte*>(table.raw()) + id * row_bytes,
+                        out, h);
+}
+
+void rms_norm(const DecoderRun& r, Mat x, const std::vector<float>& weight, Mat y) {
+  copy_rows(x, y);
+  ops::rms_norm_rope(r.ec, y, y.cols, weight.data(), static_cast<float>(r.cfg.rms_norm_eps), {});
+}
+
+// Torch holds a bf16 model's activations in bf16: with bf16 compute the residual stream and
+// q/k/v are rounded where the reference rounds them.
+void round_if_bf16(const DecoderRun& r, Mat m) {
+  if (r.bf16) ops::round_bf16(r.ec, m);
+}
+
+void decoder_layer(const DecoderRun& r, const LayerWeights& lw, Mat x) {
+  const Config& c = r.cfg;
+  const int64_t H = c.hidden_size, Wq = c.q_width(), Wkv = c.kv_width(), hd = c.head_dim;
+  const int64_t F = c.intermediate_size;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  ArenaScope scope(r.ws);
+  const int64_t qkv_w = Wq + 2 * Wkv;
+  Mat n = alloc_mat(r.ws, r.M, H), qkv = alloc_mat(r.ws, r.M, qkv_w);
+  Mat attn = alloc_mat(r.ws, r.M, Wq), y = alloc_mat(r.ws, r.M, H);
+  rms_norm(r, x, lw.input_norm, n);
+  lw.qkv.forward(r.ec, n, qkv);
+  const ops::RopeRows rope{r.cos, r.sin, r.L, true};
+  ops::rms_norm_rope(r.ec, qkv.cols_slice(0, Wq), hd, lw.q_norm.data(), eps, rope);
+  ops::rms_norm_rope(r.ec, qkv.cols_slice(Wq, Wkv), hd, lw.k_norm.data(), eps, rope);
+  round_if_bf16(r, qkv);
+  ops::KVSource kv =
+      ops::KVSource::f32(qkv.cols_slice(Wq, Wkv), qkv.cols_slice(Wq + Wkv, Wkv), r.L);
+  kv.causal = true;
+  kv.valid = r.valid;
+  ops::AttnShape shape{r.B, c.num_attention_heads, hd, r.L};
+  shape.kv_heads = c.num_key_value_heads;
+  ops::attention(r.ec, shape, qkv.cols_slice(0, Wq), {&kv, 1}, attn);
+  round_if_bf16(r, attn);
+  lw.o.forward(r.ec, attn, y);
+  round_if_bf16(r, y);
+  ops::gated_add(r.ec, x, y, {});
+  round_if_bf16(r, x);
+
+  ArenaScope mlp(r.ws);
+  Mat gu = alloc_mat(r.ws, r.M, 2 * F), u = alloc_mat(r.ws, r.M, F);
+  rms_norm(r, x, lw.post_norm, n);
+  lw.gate_up.forward(r.ec, n, gu);
+  round_if_bf16(r, gu);
+  ops::swiglu(r.ec, gu, u);
+  lw.down.forward(r.ec, u, y);
+  round_if_bf16(r, y);
+  ops::gated_add(r.ec, x, y, {});
+  round_if_bf16(r, x);
+}
+
+}  // namespace flowkv::qwen3
