@@ -55,6 +55,10 @@ std::string read_png_parameters(const std::string& path);
 // reduction factor (antialiased), horizontal pass then vertical, 22-bit fixed-point
 // coefficients with 8-bit clipped intermediate rows, exactly as Pillow 13.0.0 rounds.
 Image resize_lanczos(const Image& src, int64_t width, int64_t height);
+// PIL's Image.resize((width, height), Image.BICUBIC): Keys' cubic (a = -0.5), support 2 scaled
+// by the reduction factor, with the same fixed-point passes and rounding as resize_lanczos
+// (the Qwen2-VL / Qwen3-VL image processor's PIL path).
+Image resize_bicubic(const Image& src, int64_t width, int64_t height);
 // The pixels [x, x + width) x [y, y + height), which must lie inside the image.
 Image crop(const Image& src, int64_t x, int64_t y, int64_t width, int64_t height);
 
