@@ -132,7 +132,7 @@ TEST(Ops, GeluErfMatchesReferenceAndKnownValues) {
   std::vector<float> v = {-3.0f, -1.0f, 0.0f, 0.5f, 2.0f};
   const float want[] = {-0.0040498674f, -0.15865529f, 0.0f, 0.3457312f, 1.9545f};
   ops::gelu_erf(c.ref, make_mat(v.data(), 1, 5));
-  for (int i = 0; i < 5; ++i) EXPECT_NEAR(v[i], want[i], 2e-7f) << i;
+  for (int i = 0; i < 5; ++i) EXPECT_NEAR(v[i], want[i], 4e-7f) << i;  // torch: float erf
 }
 
 TEST(Ops, LinearBiasIsAddedToEveryRow) {

@@ -78,14 +78,14 @@ TOP = dict(image_token_id=60, video_token_id=61, vision_start_token_id=62, visio
 PROCESSOR = dict(patch_size=16, temporal_patch_size=2, merge_size=2, min_pixels=1024,
                  max_pixels=8192, image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
 # Extra processor-only cases: (name, images, overrides of PROCESSOR).
-IMAGES = {"a_64x48": (64, 48), "b_40x72": (40, 72), "c_50x30": (50, 30), "d_64x64": (64, 64)}
+IMAGES = {"a_64x48": (64, 48), "b_40x72": (40, 72), "c_50x30": (50, 30), "d_64x32": (64, 32)}
 CASES = [
     ("main", ["a_64x48", "b_40x72"], {}),  # 64x48 -> 64x64 (up), 40x72 -> 32x64 (down)
     ("max_pixels", ["a_64x48"], dict(max_pixels=1024)),  # beta branch: 32x32
-    ("min_pixels", ["b_40x72"], dict(min_pixels=8192)),  # beta branch: 96x128
+    ("min_pixels", ["b_40x72"], dict(min_pixels=4096)),  # beta branch: 64x96
     ("odd", ["c_50x30"], dict(image_mean=[0.48145466, 0.4578275, 0.40821073],
                               image_std=[0.26862954, 0.26130258, 0.27577711])),  # CLIP mean/std
-    ("exact", ["d_64x64"], {}),  # already a multiple of 32: no resize
+    ("exact", ["d_64x32"], {}),  # already a multiple of 32: no resize
 ]
 
 
