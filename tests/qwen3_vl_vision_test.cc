@@ -188,12 +188,46 @@ TEST(Qwen3VLVision, EveryIntermediateMatchesTransformers) {
     EXPECT_EQ(t.tower.compute_dtype(), DType::kF32);
     const auto out =
         t.tower.forward(c.ec, t.proc.at("main.pixel_values"), grid_of(t.proc.at("main.grid_thw")));
-    test::expect_matches_dump(tracer.got, t.dump, t.order, "", 1e-5);
+    for (const char* prefix : {"patch_embed", "pos_embed", "blocks.", "deepstack.", "embeds"}) {
+      test::expect_matches_dump(tracer.got, t.dump, t.order, prefix, 1e-5);
+    }
     ASSERT_EQ(out.deepstack.size(), 2u);
     EXPECT_TRUE(
         test::bit_equal(out.embeds.f32(), tracer.got.at("embeds").f32(), out.embeds.numel()));
     EXPECT_EQ(out.embeds.shape(), (Shape{6, 48}));
   }
+}
+
+TEST(Qwen3VLVision, Bf16CheckpointMatchesTransformersInBf16) {
+  // A bf16 checkpoint computes with bf16-rounded activations where torch holds them in bf16.
+  Tower t;
+  const auto tower = qwen3_vl::VisionTower::load(golden(kDir + "bf16"));
+  EXPECT_EQ(tower.compute_dtype(), DType::kBF16);
+  Ctx c;
+  test::CaptureTracer tracer;
+  tracer.prefix = "bf16.";
+  c.ec.tracer = &tracer;
+  const auto out =
+      tower.forward(c.ec, t.proc.at("main.pixel_values"), grid_of(t.proc.at("main.grid_thw")));
+  // The patch and position embeddings are bit-exact in bf16 too.
+  for (const char* prefix : {"bf16.patch_embed", "bf16.pos_embed"}) {
+    test::expect_matches_dump(tracer.got, t.dump, t.order, prefix, 0);
+  }
+  test::expect_matches_dump(tracer.got, t.dump, t.order, "bf16.blocks.", 2e-2);
+  c.ec.tracer = nullptr;
+  // Inside the blocks bf16 runs are only defined to about 1%: torch's own sdpa and eager
+  // attention differ by 0.7% on this tower in bf16 (python/ref/dump_qwen3_vl_vision.py's
+  // model, checked by hand), as much as flowkv differs from either.
+  auto check = [&](const Tensor& got, const std::string& name) {
+    const Tensor& ref = t.dump.at(name);
+    const auto e = test::compare(got.f32(), ref.f32(), ref.numel());
+    std::printf("  %-18s vs torch bf16: max rel error %.3g, NMSE %.3g\n", name.c_str(), e.rel(),
+                e.nmse());
+    EXPECT_LE(e.rel(), 2e-2) << name;
+  };
+  check(out.embeds, "bf16.embeds");
+  check(out.deepstack[0], "bf16.deepstack.0");
+  check(out.deepstack[1], "bf16.deepstack.1");
 }
 
 TEST(Qwen3VLVision, FromImagesEndToEnd) {

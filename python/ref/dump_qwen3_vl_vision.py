@@ -19,6 +19,10 @@ Writes under ``<out>/``:
 * ``dump.safetensors``       the tower on the two images of case ``main``: ``patch_embed``,
                              ``pos_embed`` (after the learned position embedding is added),
                              ``blocks.<i>`` (each block's output), ``deepstack.<j>``, ``embeds``
+* ``bf16/``                  the tower's tensors alone in bfloat16 (with the config), and in
+                             dump.safetensors ``bf16.<name>`` for the same names: the same
+                             call with the model in bfloat16 (sdpa attention; eager differs
+                             from it by ~0.7% in bf16, so bf16 is checked to ~1% only)
 * ``meta.json``              description, versions, seed, configs, cases
 
 Usage (from the repository root)::
@@ -31,11 +35,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import warnings
 
 import numpy as np
 import torch
 from PIL import Image
+from safetensors.torch import save_file
 from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
@@ -178,6 +184,34 @@ def main():
     with torch.no_grad():
         out2 = model.model.get_image_features(pv, grid)
     assert torch.allclose(torch.cat(list(out2.pooler_output)), dump["embeds"], atol=1e-5, rtol=1e-5)
+
+    # The same tower in bfloat16, as a bf16 checkpoint runs (get_image_features casts
+    # pixel_values to the tower's dtype): its vision tensors alone, in bf16, with the config.
+    bf16_dir = os.path.join(args.out, "bf16")
+    os.makedirs(bf16_dir)
+    visual16 = {k: v.detach().to(torch.bfloat16).contiguous().clone()
+                for k, v in model.state_dict().items() if k.startswith("model.visual.")}
+    save_file(visual16, os.path.join(bf16_dir, "model.safetensors"), metadata={"format": "pt"})
+    shutil.copy(os.path.join(te, "config.json"), os.path.join(bf16_dir, "config.json"))
+    model.set_attn_implementation("sdpa")
+    model16 = model.to(torch.bfloat16)
+    visual = model16.model.visual
+    hooks = [
+        visual.patch_embed.register_forward_hook(
+            lambda m, a, o: dump.__setitem__("bf16.patch_embed", o)),
+        visual.rotary_pos_emb.register_forward_hook(
+            lambda m, a, o: dump.__setitem__("bf16.pos_embed", a[0])),
+    ]
+    for i, blk in enumerate(visual.blocks):
+        hooks.append(blk.register_forward_hook(
+            lambda m, a, o, i=i: dump.__setitem__(f"bf16.blocks.{i}", o)))
+    with torch.no_grad():
+        out16 = model16.model.get_image_features(pv, grid)
+    for h in hooks:
+        h.remove()
+    dump["bf16.embeds"] = torch.cat(list(out16.pooler_output))
+    for j, feats in enumerate(out16.deepstack_features):
+        dump[f"bf16.deepstack.{j}"] = torch.cat(list(feats))
 
     write_st(os.path.join(args.out, "processor.safetensors"), proc_dump)
     write_st(os.path.join(args.out, "dump.safetensors"), dump)
