@@ -3,6 +3,7 @@
 // a tiny random Qwen3VLForConditionalGeneration, intermediate by intermediate.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 
 #include "golden_util.h"
@@ -41,6 +42,10 @@ std::vector<std::array<int64_t, 3>> grid_of(const Tensor& t) {
         {static_cast<int64_t>(r[0]), static_cast<int64_t>(r[1]), static_cast<int64_t>(r[2])});
   }
   return g;
+}
+
+double seconds_now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 struct Ctx {
@@ -300,6 +305,40 @@ TEST(Qwen3VLVision, WeightTableOfTheReleasedShape) {
   std::printf("  Qwen3-VL-8B vision tower: %.1f M parameters\n", params / 1e6);
   EXPECT_GT(params, 500'000'000);
   EXPECT_LT(params, 700'000'000);
+  // One 1248x864 condition image under the released processor: 54x78 patches.
+  const double tf = qwen3_vl::vision_flops(c, {{1, 54, 78}}) / 1e12;
+  std::printf("  one 1248x864 image through it: %.2f TFLOPs\n", tf);
+  EXPECT_GT(tf, 5.0);
+  EXPECT_LT(tf, 7.0);
+}
+
+// A timing, not a check (run by name): one block of the released tower's width on one 1248x864
+// image (4,212 patches), bf16 weights (all zero: the GEMMs cost the same), plus the mergers.
+TEST(Qwen3VLVision, DISABLED_TimeOneReleasedBlock) {
+  qwen3_vl::VisionConfig c;
+  c.out_hidden_size = 4096;
+  c.depth = 1;
+  c.deepstack_visual_indexes = {0};
+  test::TempDir dir;
+  Json config = {{"model_type", "qwen3_vl"},
+                 {"vision_config",
+                  {{"depth", 1}, {"out_hidden_size", 4096}, {"deepstack_visual_indexes", {0}}}}};
+  write_zero_folder(dir.path().string(), config,
+                    qwen3_vl::vision_weight_table(c, qwen3_vl::kVisionPrefix), DType::kBF16);
+  const auto tower = qwen3_vl::VisionTower::load(dir.path().string());
+  const std::vector<std::array<int64_t, 3>> grid = {{1, 54, 78}};
+  Tensor pv = Tensor::zeros({54 * 78, c.patch_dim()});
+  Ctx ctx;
+  Profile prof;
+  ctx.ec.profile = &prof;
+  const double t0 = seconds_now();
+  tower.forward(ctx.ec, pv, grid);
+  const double s = seconds_now() - t0;
+  const double gf = qwen3_vl::vision_flops(c, grid) / 1e9;
+  std::printf(
+      "  1 block + 2 mergers, 4212 patches: %.2f s, %.0f GFLOP, %.0f GFLOP/s "
+      "(linear %.2f s, attention %.2f s)\n",
+      s, gf, gf / s, prof.linear.seconds, prof.attention.seconds);
 }
 
 }  // namespace

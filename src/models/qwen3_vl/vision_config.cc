@@ -142,4 +142,21 @@ void VisionConfig::validate(const std::string& src) const {
                hidden_act, "\": only \"gelu_pytorch_tanh\" and \"gelu\" are supported");
 }
 
+double vision_flops(const VisionConfig& c, const std::vector<std::array<int64_t, 3>>& grid_thw) {
+  double n = 0, pairs = 0;
+  for (const auto& g : grid_thw) {
+    const double frame = static_cast<double>(g[1]) * static_cast<double>(g[2]);
+    n += static_cast<double>(g[0]) * frame;
+    pairs += static_cast<double>(g[0]) * frame * frame;
+  }
+  const double h = static_cast<double>(c.hidden_size), f = static_cast<double>(c.intermediate_size);
+  const double u = static_cast<double>(c.merge_unit()),
+               out = static_cast<double>(c.out_hidden_size);
+  const double patch = 2 * n * static_cast<double>(c.patch_dim()) * h;
+  const double block = 2 * n * (4 * h * h + 2 * h * f) + 4 * h * pairs;
+  const double mergers = static_cast<double>(c.deepstack_visual_indexes.size() + 1) * 2 * (n / u) *
+                         (u * h * u * h + u * h * out);
+  return patch + static_cast<double>(c.depth) * block + mergers;
+}
+
 }  // namespace flowkv::qwen3_vl

@@ -3,6 +3,7 @@
 // of the Qwen-Image-2.1 prompt encoder.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -47,5 +48,10 @@ struct VisionConfig {
   static VisionConfig from_model_config(const Json& j, const std::string& src);
   void validate(const std::string& src) const;
 };
+
+// FLOPs of one VisionTower::forward over these grids ({t, h, w} each): 2 per multiply-add of
+// the patch embedding, the blocks' linears and the mergers, plus 4 * hidden per (query, key)
+// pair of attention (each frame attends within itself). Pure arithmetic, for the cost model.
+double vision_flops(const VisionConfig& c, const std::vector<std::array<int64_t, 3>>& grid_thw);
 
 }  // namespace flowkv::qwen3_vl
