@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 
+#include "core/parallel.h"
 #include "golden_util.h"
 #include "io/checkpoint.h"
 #include "io/image.h"
@@ -256,6 +257,21 @@ TEST(Qwen3VLVision, FromImagesEndToEnd) {
   const auto one = t.tower.forward(c.ec, pv0, {g0});
   const auto e0 = test::compare(one.embeds.f32(), out.embeds.f32(), one.embeds.numel());
   EXPECT_LE(e0.rel(), 1e-6);
+}
+
+TEST(Qwen3VLVision, ThreadCountDoesNotChangeTheResult) {
+  Tower t;
+  Ctx c;
+  const Tensor& pv = t.proc.at("main.pixel_values");
+  const auto grid = grid_of(t.proc.at("main.grid_thw"));
+  set_num_threads(1);
+  const auto one = t.tower.forward(c.ec, pv, grid);
+  set_num_threads(3);
+  const auto three = t.tower.forward(c.ec, pv, grid);
+  set_num_threads(0);
+  EXPECT_TRUE(test::bit_equal(one.embeds.f32(), three.embeds.f32(), one.embeds.numel()));
+  EXPECT_TRUE(
+      test::bit_equal(one.deepstack[1].f32(), three.deepstack[1].f32(), one.deepstack[1].numel()));
 }
 
 TEST(Qwen3VLVision, RefusesBadInputsAndCheckpoints) {

@@ -10,6 +10,7 @@
 
 #include "core/checked.h"
 #include "core/memory.h"
+#include "core/parallel.h"
 #include "flowkv/error.h"
 #include "flowkv/limits.h"
 #include "io/mapped_file.h"
@@ -150,31 +151,39 @@ void round_if_bf16(const Run& r, Mat m) {
   if (r.bf16) ops::round_bf16(r.ec, m);
 }
 
+// fn(r) for every row, in tasks of rows fixed by the shape (results never depend on threads).
+template <class Fn>
+void for_rows(int64_t rows, Fn&& fn) {
+  constexpr int64_t kRowsPerTask = 64;
+  parallel_for((rows + kRowsPerTask - 1) / kRowsPerTask, [&](int64_t t) {
+    for (int64_t r = t * kRowsPerTask; r < std::min(rows, (t + 1) * kRowsPerTask); ++r) fn(r);
+  });
+}
+
 // y = LayerNorm(x) * weight + bias.
 void layer_norm(const Run& r, Mat x, const Norm& n, Mat y) {
   ops::layer_norm_modulate(r.ec, x, y, {}, {}, kNormEps);
-  for (int64_t i = 0; i < y.rows; ++i) {
+  for_rows(y.rows, [&](int64_t i) {
     float* v = y.row(i);
     for (int64_t c = 0; c < y.cols; ++c) v[c] = v[c] * n.w[c] + n.b[c];
-  }
+  });
 }
 
 // apply_rotary_pos_emb_vision on one [N, heads * hd] slice: x*cos + rotate_half(x)*sin, per head.
 void apply_rope(const Run& r, Mat x) {
   const int64_t hd = r.hd, half = hd / 2;
-  std::vector<float> tmp(static_cast<size_t>(hd));
-  for (int64_t i = 0; i < x.rows; ++i) {
+  for_rows(x.rows, [&](int64_t i) {
     const float* cs = r.cos + i * hd;
     const float* sn = r.sin + i * hd;
     for (int64_t h = 0; h < r.heads; ++h) {
       float* v = x.row(i) + h * hd;
       for (int64_t j = 0; j < half; ++j) {
-        tmp[j] = v[j] * cs[j] - v[j + half] * sn[j];
-        tmp[j + half] = v[j + half] * cs[j + half] + v[j] * sn[j + half];
+        const float a = v[j], b = v[j + half];
+        v[j] = a * cs[j] - b * sn[j];
+        v[j + half] = b * cs[j + half] + a * sn[j + half];
       }
-      std::memcpy(v, tmp.data(), static_cast<size_t>(hd) * sizeof(float));
     }
-  }
+  });
 }
 
 void activation(const Run& r, Mat x) {
