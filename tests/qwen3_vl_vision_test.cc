@@ -134,6 +134,11 @@ TEST(Qwen3VLProcessor, RefusesWhatTheReferenceRefuses) {
   cfg.do_resize = false;
   expect_error([&] { qwen3_vl::image_grid(cfg, 100, 64); }, {"multiple of 32", "do_resize"});
   EXPECT_EQ(qwen3_vl::image_grid(cfg, 96, 64), (std::array<int64_t, 3>{1, 4, 6}));
+  // A malformed Image (pixels not width x height x 3) is refused, not read past.
+  Image im = Image::blank(64, 64, "test");
+  im.pixels.resize(100);
+  expect_error([&] { qwen3_vl::process_images(released(), {&im, 1}); }, {"image 0", "100 bytes"});
+  expect_error([&] { qwen3_vl::process_images(released(), {}); }, {"no image"});
 }
 
 TEST(Qwen3VLVisionConfig, ReadsTheGoldenAndRefusesByName) {

@@ -170,7 +170,12 @@ ProcessedImages process_images(const ImageProcessorConfig& cfg, std::span<const 
   const int64_t D = cfg.patch_dim();
   ProcessedImages out;
   int64_t rows = 0;
-  for (const Image& im : images) {
+  for (size_t i = 0; i < images.size(); ++i) {
+    const Image& im = images[i];
+    check_image_size(im.width, im.height, "image processor: image " + std::to_string(i));
+    FLOWKV_CHECK(static_cast<int64_t>(im.pixels.size()) == im.width * im.height * 3,
+                 "image processor: image ", i, " holds ", im.pixels.size(), " bytes for ", im.width,
+                 "x", im.height, " RGB pixels");
     out.grid_thw.push_back(image_grid(cfg, im.width, im.height));
     const auto& g = out.grid_thw.back();
     rows = checked_add(rows, g[0] * g[1] * g[2], "image processor patches");
