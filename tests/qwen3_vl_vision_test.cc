@@ -264,6 +264,20 @@ TEST(Qwen3VLVision, FromImagesEndToEnd) {
   EXPECT_LE(e0.rel(), 1e-6);
 }
 
+TEST(Qwen3VLVision, TwoFrameGridMatchesTransformers) {
+  // The same rows read as a one-frame 4x4 grid and a two-frame 2x2 grid: each frame attends
+  // within itself and takes the position tables again.
+  Tower t;
+  Ctx c;
+  const auto out = t.tower.forward(c.ec, t.proc.at("main.pixel_values"), {{1, 4, 4}, {2, 2, 2}});
+  for (const auto& [got, name] : {std::pair{&out.embeds, "frames2.embeds"},
+                                  std::pair{&out.deepstack[1], "frames2.deepstack.1"}}) {
+    const Tensor& ref = t.dump.at(name);
+    ASSERT_EQ(got->shape(), ref.shape()) << name;
+    EXPECT_LE(test::compare(got->f32(), ref.f32(), ref.numel()).rel(), 1e-5) << name;
+  }
+}
+
 TEST(Qwen3VLVision, ThreadCountDoesNotChangeTheResult) {
   Tower t;
   Ctx c;

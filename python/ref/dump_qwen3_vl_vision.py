@@ -19,6 +19,8 @@ Writes under ``<out>/``:
 * ``dump.safetensors``       the tower on the two images of case ``main``: ``patch_embed``,
                              ``pos_embed`` (after the learned position embedding is added),
                              ``blocks.<i>`` (each block's output), ``deepstack.<j>``, ``embeds``
+* ``frames2.*``             ``embeds`` and ``deepstack.1`` of the same rows read as grids
+                             [[1, 4, 4], [2, 2, 2]] (a two-frame entry)
 * ``bf16/``                  the tower's tensors alone in bfloat16 (with the config), and in
                              dump.safetensors ``bf16.<name>`` for the same names: the same
                              call with the model in bfloat16 (sdpa attention; eager differs
@@ -179,6 +181,13 @@ def main():
     for j, feats in enumerate(out.deepstack_features):
         dump[f"deepstack.{j}"] = torch.cat(list(feats))
     dump["embeds"] = torch.cat(list(out.pooler_output))
+    # A two-frame grid over the same rows (video-style: each frame attends within itself, the
+    # position tables repeat per frame): [[1, 4, 4], [2, 2, 2]] also covers 24 patches.
+    grid_t2 = torch.tensor([[1, 4, 4], [2, 2, 2]])
+    with torch.no_grad():
+        out_t2 = model.model.get_image_features(pv, grid_t2)
+    dump["frames2.embeds"] = torch.cat(list(out_t2.pooler_output))
+    dump["frames2.deepstack.1"] = torch.cat(list(out_t2.deepstack_features[1]))
     # eager attention gives the same numbers (the dump does not depend on the backend)
     model.set_attn_implementation("eager")
     with torch.no_grad():
