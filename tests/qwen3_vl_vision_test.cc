@@ -325,6 +325,18 @@ TEST(Qwen3VLVision, RefusesBadInputsAndCheckpoints) {
   cfg.depth = 4;
   expect_error([&] { qwen3_vl::VisionTower::load(scan, cfg); }, {"model.visual.blocks.3."});
   expect_error([&] { qwen3_vl::VisionTower::load(scan, cfg, "visual."); }, {"visual."});
+  // A checkpoint with one misshapen tensor (and a missing one) under its own config.
+  cfg.depth = 3;
+  auto table = qwen3_vl::vision_weight_table(cfg, qwen3_vl::kVisionPrefix);
+  for (auto& e : table) {
+    if (e.name == "model.visual.blocks.1.attn.qkv.weight") e.shape = {96, 31};
+  }
+  std::erase_if(table,
+                [](const ExpectedTensor& e) { return e.name.find("merger.norm.") != e.name.npos; });
+  test::TempDir dir;
+  write_zero_folder(dir.path().string(), *scan.config, table, DType::kBF16);
+  expect_error([&] { qwen3_vl::VisionTower::load(dir.path().string()); },
+               {"model.visual.blocks.1.attn.qkv.weight", "model.visual.merger.norm.weight"});
 }
 
 TEST(Qwen3VLVision, WeightTableOfTheReleasedShape) {
