@@ -119,6 +119,22 @@ TEST(Ops, GeluTanhMatchesReference) {
   }
 }
 
+TEST(Ops, GeluErfMatchesReferenceAndKnownValues) {
+  Ctx c;
+  for (int64_t n : {1, 9, 64, 77}) {
+    auto x = randn(3 * n, 25, 3.0f);
+    auto a = x, b = x;
+    ops::gelu_erf(c.fast, make_mat(a.data(), 3, n));
+    ops::gelu_erf(c.ref, make_mat(b.data(), 3, n));
+    EXPECT_TRUE(test::bit_equal(a.data(), b.data(), 3 * n)) << n;
+  }
+  // torch.nn.functional.gelu(torch.tensor([-3., -1., 0., 0.5, 2.])) in f32.
+  std::vector<float> v = {-3.0f, -1.0f, 0.0f, 0.5f, 2.0f};
+  const float want[] = {-0.0040498674f, -0.15865529f, 0.0f, 0.3457312f, 1.9545f};
+  ops::gelu_erf(c.ref, make_mat(v.data(), 1, 5));
+  for (int i = 0; i < 5; ++i) EXPECT_NEAR(v[i], want[i], 4e-7f) << i;  // torch: float erf
+}
+
 TEST(Ops, LinearBiasIsAddedToEveryRow) {
   Ctx c;
   const int64_t m = 37, n = 300, k = 20;

@@ -64,6 +64,10 @@ std::string read_png_parameters(const std::string& path);
 // coefficients with 8-bit clipped intermediate rows, exactly as Pillow 13.0.0 rounds. RGBA is
 // resized premultiplied, as PIL does (RGBA -> RGBa -> resize -> RGBA).
 Image resize_lanczos(const Image& src, int64_t width, int64_t height);
+// PIL's Image.resize((width, height), Image.BICUBIC): Keys' cubic (a = -0.5), support 2 scaled
+// by the reduction factor, with the same fixed-point passes and rounding as resize_lanczos
+// (the Qwen2-VL / Qwen3-VL image processor's PIL path).
+Image resize_bicubic(const Image& src, int64_t width, int64_t height);
 // PIL's convert("RGBA") of an RGB image (alpha 255); an RGBA image is returned as it is.
 Image to_rgba(const Image& image);
 // An RGBA image pasted over opaque white through its alpha, as

@@ -1,8 +1,8 @@
-// PIL's Lanczos resize of 8-bit images, rounding as Pillow does (Resample.c's behaviour, read
-// to match its numbers; the code is ours):
+// PIL's Lanczos and bicubic resizes of 8-bit images, rounding as Pillow does (Resample.c's
+// behaviour, read to match its numbers; the code is ours):
 // - per output pixel, a window of input pixels centred at (i + 0.5) * scale, of half-width
-//   3 * max(scale, 1), weighted by lanczos3((x - centre + 0.5) / max(scale, 1)) and normalised
-//   to sum 1 in double;
+//   support * max(scale, 1) (Lanczos 3, bicubic 2), weighted by
+//   filter((x - centre + 0.5) / max(scale, 1)) and normalised to sum 1 in double;
 // - weights become 22-bit fixed point (round half away from zero), sums start at 2^21 (a half)
 //   and are clipped to 0..255 after the shift;
 // - the horizontal pass runs first, over the rows the vertical pass needs, into 8-bit rows,
@@ -34,6 +34,22 @@ double lanczos3(double x) {
   return (x >= -3.0 && x < 3.0) ? sinc(x) * sinc(x / 3.0) : 0.0;
 }
 
+// Pillow's bicubic kernel (Keys, a = -0.5), support 2.
+double bicubic(double x) {
+  constexpr double a = -0.5;
+  if (x < 0.0) x = -x;
+  if (x < 1.0) return ((a + 2.0) * x - (a + 3.0)) * x * x + 1;
+  if (x < 2.0) return (((x - 5) * x + 8) * x - 4) * a;
+  return 0.0;
+}
+
+struct Filter {
+  double (*fn)(double);
+  double support;
+};
+constexpr Filter kLanczos{lanczos3, 3.0};
+constexpr Filter kBicubic{bicubic, 2.0};
+
 // The fixed-point taps of one axis: for output i, inputs [first[i], first[i] + count[i]) with
 // weights taps[i * ksize ...].
 struct Taps {
@@ -42,10 +58,10 @@ struct Taps {
   std::vector<int32_t> taps;
 };
 
-Taps make_taps(int64_t in_size, int64_t out_size) {
+Taps make_taps(int64_t in_size, int64_t out_size, Filter filter) {
   const double scale = static_cast<double>(in_size) / static_cast<double>(out_size);
   const double filter_scale = scale < 1.0 ? 1.0 : scale;
-  const double support = 3.0 * filter_scale;
+  const double support = filter.support * filter_scale;
   Taps t;
   t.ksize = static_cast<int64_t>(std::ceil(support)) * 2 + 1;
   t.first.resize(static_cast<size_t>(out_size));
@@ -63,7 +79,7 @@ Taps make_taps(int64_t in_size, int64_t out_size) {
     const int64_t n = hi - lo;
     double sum = 0.0;
     for (int64_t x = 0; x < n; ++x) {
-      w[x] = lanczos3((static_cast<double>(x + lo) - centre + 0.5) * inv);
+      w[x] = filter.fn((static_cast<double>(x + lo) - centre + 0.5) * inv);
       sum += w[x];
     }
     for (int64_t x = 0; x < n; ++x) {
@@ -162,8 +178,8 @@ Image unpremultiply(Image img) {
   return img;
 }
 
-Image resize_channels(const Image& src, int64_t width, int64_t height) {
-  const Taps th = make_taps(src.width, width), tv = make_taps(src.height, height);
+Image resize_channels(const Image& src, int64_t width, int64_t height, Filter filter) {
+  const Taps th = make_taps(src.width, width, filter), tv = make_taps(src.height, height, filter);
   const bool need_h = width != src.width, need_v = height != src.height;
   // Pillow 13 runs the vertical pass first when the height shrinks by more than twice as many
   // pixels as the width (Resample.c, horizontal_first): the order changes the 8-bit rounding
@@ -180,17 +196,27 @@ Image resize_channels(const Image& src, int64_t width, int64_t height) {
   return vertical(tmp, tv, height, row0);
 }
 
-}  // namespace
-
-Image resize_lanczos(const Image& src, int64_t width, int64_t height) {
+Image resize_with(const Image& src, int64_t width, int64_t height, Filter filter) {
   check_image_size(src.width, src.height, "resize: the source image");
   check_image_size(width, height, "resize: the target size");
   FLOWKV_CHECK(src.channels == 3 || src.channels == 4, "resize: ", src.channels,
                " channels (RGB or RGBA expected)");
   if (width == src.width && height == src.height) return src;
   // Image.resize resizes RGBA premultiplied (as "RGBa") and converts back.
-  if (src.channels == 4) return unpremultiply(resize_channels(premultiply(src), width, height));
-  return resize_channels(src, width, height);
+  if (src.channels == 4) {
+    return unpremultiply(resize_channels(premultiply(src), width, height, filter));
+  }
+  return resize_channels(src, width, height, filter);
+}
+
+}  // namespace
+
+Image resize_lanczos(const Image& src, int64_t width, int64_t height) {
+  return resize_with(src, width, height, kLanczos);
+}
+
+Image resize_bicubic(const Image& src, int64_t width, int64_t height) {
+  return resize_with(src, width, height, kBicubic);
 }
 
 Image crop(const Image& src, int64_t x, int64_t y, int64_t width, int64_t height) {

@@ -53,6 +53,9 @@ void silu(const ExecContext& ctx, const float* x, float* y, int64_t n);
 // x = GELU(x) with the tanh approximation (PyTorch approximate="tanh"), in place.
 void gelu_tanh(const ExecContext& ctx, Mat x);
 
+// x = GELU(x) with erf, exact (PyTorch nn.GELU(), approximate="none"), in place.
+void gelu_erf(const ExecContext& ctx, Mat x);
+
 // Round-to-nearest-even to bf16: into a packed [rows, cols] bf16 buffer, or in place (f32 values
 // that bf16 can hold exactly).
 void to_bf16(const ExecContext& ctx, Mat x, uint16_t* out);
@@ -66,6 +69,7 @@ void rms_norm_rope(Mat x, int64_t head_dim, const float* weight, float eps, Rope
 void swiglu(Mat in, Mat out);
 void silu(const float* x, float* y, int64_t n);
 void gelu_tanh(Mat x);
+void gelu_erf(Mat x);
 void to_bf16(Mat x, uint16_t* out);
 void round_bf16(Mat x);
 }  // namespace ref

@@ -76,6 +76,13 @@ void gelu_tanh(const ExecContext& ctx, Mat x) {
   for_row_blocks(x.rows, x.cols, [&](int64_t r) { k.gelu_tanh(x.row(r), x.cols); });
 }
 
+// No vector kernel: the patch mergers are its only user (a few thousand rows per image); the
+// fast path threads the reference's rows.
+void gelu_erf(const ExecContext& ctx, Mat x) {
+  if (use_ref(ctx)) return ref::gelu_erf(x);
+  for_row_blocks(x.rows, x.cols, [&](int64_t r) { ref::gelu_erf(x.rows_slice(r, 1)); });
+}
+
 void to_bf16(const ExecContext& ctx, Mat x, uint16_t* out) {
   if (use_ref(ctx)) return ref::to_bf16(x, out);
   const auto& k = cpu::row_kernels();

@@ -92,6 +92,16 @@ void gelu_tanh(Mat x) {
   }
 }
 
+void gelu_erf(Mat x) {
+  for (int64_t r = 0; r < x.rows; ++r) {
+    float* v = x.row(r);
+    for (int64_t i = 0; i < x.cols; ++i) {
+      const double a = v[i];
+      v[i] = static_cast<float>(0.5 * a * (1.0 + std::erf(a * M_SQRT1_2)));
+    }
+  }
+}
+
 void to_bf16(Mat x, uint16_t* out) {
   for (int64_t r = 0; r < x.rows; ++r) {
     for (int64_t i = 0; i < x.cols; ++i) out[r * x.cols + i] = f32_to_bf16(x.row(r)[i]);
