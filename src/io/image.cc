@@ -350,6 +350,33 @@ Image Image::blank(int64_t width, int64_t height, const std::string& what) {
   return img;
 }
 
+ImageRgba ImageRgba::blank(int64_t width, int64_t height, const std::string& what) {
+  check_image_size(width, height, what);
+  ImageRgba img;
+  img.width = width;
+  img.height = height;
+  img.pixels.assign(static_cast<size_t>(width * height * 4), 0);
+  return img;
+}
+
+ImageRgba to_rgba(const Image& rgb) {
+  ImageRgba out = ImageRgba::blank(rgb.width, rgb.height, "to_rgba");
+  const int64_t n = rgb.width * rgb.height;
+  for (int64_t i = 0; i < n; ++i) {
+    std::memcpy(&out.pixels[size_t(i * 4)], &rgb.pixels[size_t(i * 3)], 3);
+    out.pixels[size_t(i * 4 + 3)] = 255;
+  }
+  return out;
+}
+
+Image to_rgb(const ImageRgba& rgba) {
+  Image out = Image::blank(rgba.width, rgba.height, "to_rgb");
+  const int64_t n = rgba.width * rgba.height;
+  for (int64_t i = 0; i < n; ++i)
+    std::memcpy(&out.pixels[size_t(i * 3)], &rgba.pixels[size_t(i * 4)], 3);
+  return out;
+}
+
 Image decode_image(const uint8_t* data, size_t size, const std::string& what, int64_t max_pixels) {
   FLOWKV_CHECK(size > 0, what, ": the file is empty, not an image");
   if (size >= 8 && std::memcmp(data, kPngSignature, 8) == 0)

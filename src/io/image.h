@@ -22,6 +22,7 @@ namespace flowkv {
 
 // 8-bit RGB pixels, rows top to bottom, [H, W, 3].
 struct Image {
+  static constexpr int64_t kChannels = 3;
   int64_t width = 0, height = 0;
   std::vector<uint8_t> pixels;
 
@@ -30,6 +31,23 @@ struct Image {
   // An image of the given size, pixels zero; the size is checked against the limits.
   static Image blank(int64_t width, int64_t height, const std::string& what);
 };
+
+// 8-bit RGBA pixels with straight (not premultiplied) alpha, rows top to bottom, [H, W, 4]:
+// PIL's "RGBA" mode, what Qwen-Image-2.1's VAE reads and writes.
+struct ImageRgba {
+  static constexpr int64_t kChannels = 4;
+  int64_t width = 0, height = 0;
+  std::vector<uint8_t> pixels;
+
+  uint8_t* at(int64_t x, int64_t y) { return pixels.data() + (y * width + x) * 4; }
+  const uint8_t* at(int64_t x, int64_t y) const { return pixels.data() + (y * width + x) * 4; }
+  static ImageRgba blank(int64_t width, int64_t height, const std::string& what);
+};
+
+// PIL's convert("RGBA") of an RGB image: alpha 255.
+ImageRgba to_rgba(const Image& rgb);
+// PIL's convert("RGB") of an RGBA image: alpha dropped (not composited).
+Image to_rgb(const ImageRgba& rgba);
 
 // Refuses an image size that is empty or beyond limits::kMaxImageSide / kMaxImagePixels.
 void check_image_size(int64_t width, int64_t height, const std::string& what);
@@ -55,6 +73,11 @@ std::string read_png_parameters(const std::string& path);
 // reduction factor (antialiased), horizontal pass then vertical, 22-bit fixed-point
 // coefficients with 8-bit clipped intermediate rows, exactly as Pillow 13.0.0 rounds.
 Image resize_lanczos(const Image& src, int64_t width, int64_t height);
+// PIL's Image.resize on an RGBA image with LANCZOS: premultiplied by alpha (convert("RGBa"):
+// c * a / 255 rounded as (t + (t >> 8)) >> 8 with t = c * a + 128), the four channels resized
+// as above, then un-premultiplied (convert("RGBA"): min(255, 255 * c / a) truncated, c kept
+// where a is 0 or 255). The same size returns a copy, as PIL does, without the round trip.
+ImageRgba resize_lanczos(const ImageRgba& src, int64_t width, int64_t height);
 // The pixels [x, x + width) x [y, y + height), which must lie inside the image.
 Image crop(const Image& src, int64_t x, int64_t y, int64_t width, int64_t height);
 

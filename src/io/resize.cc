@@ -82,36 +82,38 @@ uint8_t clip8(int64_t v) {
 }
 
 // Rows [row0, row0 + rows) of src, resized horizontally to t's output width.
-Image horizontal(const Image& src, const Taps& t, int64_t out_w, int64_t row0, int64_t rows) {
-  Image out;
+template <class Img>
+Img horizontal(const Img& src, const Taps& t, int64_t out_w, int64_t row0, int64_t rows) {
+  constexpr int64_t C = Img::kChannels;
+  Img out;
   out.width = out_w;
   out.height = rows;
-  out.pixels.resize(static_cast<size_t>(out_w * rows * 3));
+  out.pixels.resize(static_cast<size_t>(out_w * rows * C));
   for (int64_t y = 0; y < rows; ++y) {
     const uint8_t* in = src.at(0, row0 + y);
     for (int64_t x = 0; x < out_w; ++x) {
       const int32_t* k = &t.taps[x * t.ksize];
-      const uint8_t* p = in + t.first[x] * 3;
-      int64_t s0 = 1 << (kPrecisionBits - 1), s1 = s0, s2 = s0;
+      const uint8_t* p = in + t.first[x] * C;
+      int64_t acc[C];
+      for (int64_t c = 0; c < C; ++c) acc[c] = 1 << (kPrecisionBits - 1);
       for (int64_t i = 0; i < t.count[x]; ++i) {
-        s0 += p[3 * i] * k[i];
-        s1 += p[3 * i + 1] * k[i];
-        s2 += p[3 * i + 2] * k[i];
+        for (int64_t c = 0; c < C; ++c) acc[c] += p[C * i + c] * k[i];
       }
       uint8_t* o = out.at(x, y);
-      o[0] = clip8(s0), o[1] = clip8(s1), o[2] = clip8(s2);
+      for (int64_t c = 0; c < C; ++c) o[c] = clip8(acc[c]);
     }
   }
   return out;
 }
 
 // src resized vertically; t's input rows start at row `shift` of the original image.
-Image vertical(const Image& src, const Taps& t, int64_t out_h, int64_t shift) {
-  Image out;
+template <class Img>
+Img vertical(const Img& src, const Taps& t, int64_t out_h, int64_t shift) {
+  Img out;
   out.width = src.width;
   out.height = out_h;
-  out.pixels.resize(static_cast<size_t>(src.width * out_h * 3));
-  const int64_t stride = src.width * 3;
+  const int64_t stride = src.width * Img::kChannels;
+  out.pixels.resize(static_cast<size_t>(stride * out_h));
   // Whole rows at a time (contiguous, vectorisable). 32-bit sums as Pillow's: 255 times the
   // positive taps (at most ~1.3 x 2^22) stays far below 2^31.
   std::vector<int32_t> acc(static_cast<size_t>(stride));
@@ -130,12 +132,8 @@ Image vertical(const Image& src, const Taps& t, int64_t out_h, int64_t shift) {
   return out;
 }
 
-}  // namespace
-
-Image resize_lanczos(const Image& src, int64_t width, int64_t height) {
-  check_image_size(src.width, src.height, "resize: the source image");
-  check_image_size(width, height, "resize: the target size");
-  if (width == src.width && height == src.height) return src;
+template <class Img>
+Img resize_any(const Img& src, int64_t width, int64_t height) {
   const Taps th = make_taps(src.width, width), tv = make_taps(src.height, height);
   const bool need_h = width != src.width, need_v = height != src.height;
   if (!need_v) return horizontal(src, th, width, 0, src.height);
@@ -143,8 +141,43 @@ Image resize_lanczos(const Image& src, int64_t width, int64_t height) {
   const int64_t row0 = tv.first[0];
   const int64_t row1 = tv.first[height - 1] + tv.count[height - 1];
   if (!need_h) return vertical(src, tv, height, 0);
-  const Image tmp = horizontal(src, th, width, row0, row1 - row0);
+  const Img tmp = horizontal(src, th, width, row0, row1 - row0);
   return vertical(tmp, tv, height, row0);
+}
+
+}  // namespace
+
+Image resize_lanczos(const Image& src, int64_t width, int64_t height) {
+  check_image_size(src.width, src.height, "resize: the source image");
+  check_image_size(width, height, "resize: the target size");
+  if (width == src.width && height == src.height) return src;
+  return resize_any(src, width, height);
+}
+
+ImageRgba resize_lanczos(const ImageRgba& src, int64_t width, int64_t height) {
+  check_image_size(src.width, src.height, "resize: the source image");
+  check_image_size(width, height, "resize: the target size");
+  if (width == src.width && height == src.height) return src;
+  // convert("RGBa"): Pillow's MULDIV255.
+  ImageRgba pm = src;
+  for (size_t i = 0; i < pm.pixels.size(); i += 4) {
+    const uint32_t a = pm.pixels[i + 3];
+    for (size_t c = 0; c < 3; ++c) {
+      const uint32_t t = pm.pixels[i + c] * a + 128;
+      pm.pixels[i + c] = static_cast<uint8_t>(((t >> 8) + t) >> 8);
+    }
+  }
+  ImageRgba out = resize_any(pm, width, height);
+  // convert("RGBA") from "RGBa": 255 * c / a, truncated and clipped; kept where a is 0 or 255.
+  for (size_t i = 0; i < out.pixels.size(); i += 4) {
+    const uint32_t a = out.pixels[i + 3];
+    if (a == 0 || a == 255) continue;
+    for (size_t c = 0; c < 3; ++c) {
+      out.pixels[i + c] =
+          static_cast<uint8_t>(std::min<uint32_t>(255, 255 * uint32_t{out.pixels[i + c]} / a));
+    }
+  }
+  return out;
 }
 
 Image crop(const Image& src, int64_t x, int64_t y, int64_t width, int64_t height) {
