@@ -333,6 +333,38 @@ TEST(Qwen21VaeImages, OpaqueRgbaResizesAsRgbAndConversions) {
   EXPECT_EQ(resize_lanczos(half, half.width, half.height).pixels, half.pixels);
 }
 
+uint64_t fnv1a64(const std::vector<uint8_t>& v) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (uint8_t b : v) h = (h ^ b) * 0x100000001b3ull;
+  return h;
+}
+
+TEST(Qwen21VaeImages, LoadRgbaMatchesPilConvertRgbaOnEveryTestFile) {
+  // PIL's open + exif_transpose + convert("RGBA") of every colour type, depth, tRNS and
+  // orientation in tests/golden/images/in, as python/ref/dump_qwen21_vae.py hashed it.
+  const Json want = read_json_file(test::golden("qwen21_vae/load_rgba.json"));
+  int n = 0;
+  for (const auto& [name, w] : want.items()) {
+    const ImageRgba img = load_image_rgba(test::golden("images/in/" + name));
+    EXPECT_EQ(img.width, w.at("width").get<int64_t>()) << name;
+    EXPECT_EQ(img.height, w.at("height").get<int64_t>()) << name;
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", (unsigned long long)fnv1a64(img.pixels));
+    EXPECT_EQ(hex, w.at("fnv1a64").get<std::string>())
+        << name << " (PIL mode " << w.at("mode").get<std::string>() << ")";
+    // The RGB channels are what load_image gives (alpha aside).
+    EXPECT_EQ(to_rgb(img).pixels, load_image(test::golden("images/in/" + name)).pixels) << name;
+    ++n;
+  }
+  EXPECT_GE(n, 30);
+  // An RGBA PNG written and read back.
+  const ImageRgba a = load_image_rgba(test::golden("images/in/rgba.png"));
+  const std::string png = encode_png(a, "prompt");
+  const ImageRgba b =
+      decode_image_rgba(reinterpret_cast<const uint8_t*>(png.data()), png.size(), "round trip");
+  EXPECT_EQ(a.pixels, b.pixels);
+}
+
 TEST(Qwen21VaeImages, PreprocessRoundsDownAndRefusesEmpty) {
   ImageRgba img = ImageRgba::blank(40, 33, "t");
   const Tensor t = qwen21_vae::preprocess(img);

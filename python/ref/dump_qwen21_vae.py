@@ -13,6 +13,9 @@ non-trivial latents_mean / latents_std) and writes it with ``save_pretrained`` t
 * ``dump.safetensors``    named F32 tensors (PyTorch order)
 * ``meta.json``           description, versions, sizes, tiling, dumped names
 
+``load_rgba.json``: for each file of tests/golden/images/in, what ``Image.open``,
+``ImageOps.exif_transpose`` and ``convert("RGBA")`` give (size, FNV-1a 64 of the RGBA bytes).
+
 Cases: an RGBA source with varying alpha (alpha 0 and 255 included) preprocessed to 64x48 (WxH),
 and an RGB source converted to RGBA (as QwenImage21Pipeline.__call__ does) preprocessed to 32x80.
 
@@ -34,12 +37,13 @@ Usage (from the repository root)::
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import types
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, ImageOps
 
 from diffusers import AutoencoderKLQwenImage21
 from diffusers.image_processor import VaeImageProcessor
@@ -112,6 +116,30 @@ def check_pil_alpha_formulas():
     A = a[..., None]
     want = np.where((A == 0) | (A == 255), x, np.clip(255 * x // np.maximum(A, 1), 0, 255))
     assert (un[..., :3] == want).all()
+
+
+def fnv1a64(data: bytes) -> str:
+    h = 0xcbf29ce484222325
+    for b in data:
+        h = ((h ^ b) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
+    return f"{h:016x}"
+
+
+def dump_load_rgba(out_root):
+    """What the pipeline makes of each test image file of tests/golden/images/in (PIL's open,
+    exif_transpose, convert("RGBA")), as size and an FNV-1a 64 hash of the RGBA bytes."""
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../tests/golden/images/in")
+    got = {}
+    for name in sorted(os.listdir(src)):
+        im = Image.open(os.path.join(src, name))
+        mode = im.mode
+        im = ImageOps.exif_transpose(im).convert("RGBA")
+        data = im.tobytes()
+        got[name] = {"mode": mode, "width": im.width, "height": im.height, "fnv1a64": fnv1a64(data)}
+    with open(os.path.join(out_root, "load_rgba.json"), "w") as f:
+        json.dump(got, f, indent=1, sort_keys=True)
+        f.write("\n")
+    print(f"load_rgba.json: {len(got)} files")
 
 
 def modules_traced(vae):
@@ -233,6 +261,7 @@ def main(argv=None):
     print(f"versions: {versions()}  deterministic_algorithms={det}")
     check_pil_alpha_formulas()
     fresh_dir(args.out)
+    dump_load_rgba(args.out)
     g = torch.Generator().manual_seed(9100)
     cfg = dict(CFG, latents_mean=[round(float(v), 4) for v in torch.randn(64, generator=g)],
                latents_std=[round(float(v), 4) for v in 0.5 + 1.5 * torch.rand(64, generator=g)])

@@ -94,11 +94,12 @@ std::optional<int> xmp_orientation(std::string_view xmp) {
 }
 
 // ImageOps.exif_transpose: orientations 2..8 as PIL's transposes; anything else leaves it.
-Image apply_orientation(Image src, int orientation) {
+template <class Img>
+Img apply_orientation(Img src, int orientation) {
   if (orientation < 2 || orientation > 8) return src;
   const int64_t w = src.width, h = src.height;
   const bool swap = orientation >= 5;  // transpose, rotate 270, transverse, rotate 90
-  Image out;
+  Img out;
   out.width = swap ? h : w;
   out.height = swap ? w : h;
   out.pixels.resize(src.pixels.size());
@@ -128,7 +129,7 @@ Image apply_orientation(Image src, int orientation) {
           sx = w - 1 - y, sy = x;
           break;  // ROTATE_90 (counter-clockwise)
       }
-      std::memcpy(out.at(x, y), src.at(sx, sy), 3);
+      std::memcpy(out.at(x, y), src.at(sx, sy), Img::kChannels);
     }
   }
   return out;
@@ -141,7 +142,11 @@ struct SpngDeleter {
 };
 using SpngCtx = std::unique_ptr<spng_ctx, SpngDeleter>;
 
-Image decode_png(const uint8_t* data, size_t size, const std::string& what, int64_t max_pixels) {
+// RGB: convert("RGB") (alpha and tRNS dropped). RGBA: convert("RGBA"): alpha kept, tRNS
+// (a grey or RGB colour key, palette alphas) applied, 255 elsewhere.
+template <class Img>
+Img decode_png(const uint8_t* data, size_t size, const std::string& what, int64_t max_pixels) {
+  constexpr int64_t C = Img::kChannels;
   SpngCtx ctx(spng_ctx_new(0));
   FLOWKV_CHECK(ctx, what, ": out of memory creating the PNG decoder");
   auto check = [&](int r, const char* stage) {
@@ -167,10 +172,11 @@ Image decode_png(const uint8_t* data, size_t size, const std::string& what, int6
 
   // 16-bit grey without alpha: PIL's "I;16", which convert("RGB") clips at 255.
   const bool grey16 = ihdr.color_type == SPNG_COLOR_TYPE_GRAYSCALE && ihdr.bit_depth == 16;
-  const int fmt = grey16 ? SPNG_FMT_RAW : SPNG_FMT_RGB8;
+  const int fmt = grey16 ? SPNG_FMT_RAW : C == 4 ? SPNG_FMT_RGBA8 : SPNG_FMT_RGB8;
+  const int flags = C == 4 && !grey16 ? SPNG_DECODE_TRNS : 0;
   size_t bytes = 0;
   check(spng_decoded_image_size(ctx.get(), fmt, &bytes), "size");
-  Image img = Image::blank(ihdr.width, ihdr.height, what);
+  Img img = Img::blank(ihdr.width, ihdr.height, what);
   std::vector<uint8_t> raw;
   uint8_t* out = img.pixels.data();
   if (grey16) {
@@ -179,12 +185,13 @@ Image decode_png(const uint8_t* data, size_t size, const std::string& what, int6
   } else {
     FLOWKV_CHECK(bytes == img.pixels.size(), what, ": unexpected decoded PNG size");
   }
-  check(spng_decode_image(ctx.get(), out, bytes, fmt, 0), "image data");
+  check(spng_decode_image(ctx.get(), out, bytes, fmt, flags), "image data");
   if (grey16) {
     for (int64_t i = 0; i < img.width * img.height; ++i) {
       const int v = (raw[2 * i] << 8) | raw[2 * i + 1];
       const auto c = static_cast<uint8_t>(v > 255 ? 255 : v);
-      img.pixels[3 * i] = img.pixels[3 * i + 1] = img.pixels[3 * i + 2] = c;
+      img.pixels[C * i] = img.pixels[C * i + 1] = img.pixels[C * i + 2] = c;
+      if (C == 4) img.pixels[C * i + 3] = 255;
     }
   }
 
@@ -380,7 +387,7 @@ Image to_rgb(const ImageRgba& rgba) {
 Image decode_image(const uint8_t* data, size_t size, const std::string& what, int64_t max_pixels) {
   FLOWKV_CHECK(size > 0, what, ": the file is empty, not an image");
   if (size >= 8 && std::memcmp(data, kPngSignature, 8) == 0)
-    return decode_png(data, size, what, max_pixels);
+    return decode_png<Image>(data, size, what, max_pixels);
   if (size >= 3 && data[0] == 0xFF && data[1] == 0xD8 && data[2] == 0xFF) {
     return decode_jpeg(data, size, what, max_pixels);
   }
@@ -392,11 +399,28 @@ Image load_image(const std::string& path) {
   return decode_image(bytes.data(), bytes.size(), "image " + path);
 }
 
-std::string encode_png(const Image& image, const std::string& parameters) {
+ImageRgba decode_image_rgba(const uint8_t* data, size_t size, const std::string& what,
+                            int64_t max_pixels) {
+  FLOWKV_CHECK(size > 0, what, ": the file is empty, not an image");
+  if (size >= 8 && std::memcmp(data, kPngSignature, 8) == 0)
+    return decode_png<ImageRgba>(data, size, what, max_pixels);
+  return to_rgba(decode_image(data, size, what, max_pixels));  // JPEG: opaque
+}
+
+ImageRgba load_image_rgba(const std::string& path) {
+  const std::vector<uint8_t> bytes = read_whole_file(path);
+  return decode_image_rgba(bytes.data(), bytes.size(), "image " + path);
+}
+
+namespace {
+
+template <class Img>
+std::string encode_png_any(const Img& image, const std::string& parameters) {
+  constexpr int64_t C = Img::kChannels;
   check_image_size(image.width, image.height, "PNG to write");
-  FLOWKV_CHECK(image.pixels.size() == static_cast<size_t>(image.width * image.height * 3),
+  FLOWKV_CHECK(image.pixels.size() == static_cast<size_t>(image.width * image.height * C),
                "PNG to write: ", image.pixels.size(), " bytes of pixels for ", image.width, "x",
-               image.height, " RGB");
+               image.height, C == 4 ? " RGBA" : " RGB");
   FLOWKV_CHECK(static_cast<int64_t>(parameters.size()) <= limits::kMaxPngTextBytes,
                "PNG parameters text: ", parameters.size(), " bytes, more than the limit of ",
                limits::kMaxPngTextBytes);
@@ -412,7 +436,7 @@ std::string encode_png(const Image& image, const std::string& parameters) {
   ihdr.width = static_cast<uint32_t>(image.width);
   ihdr.height = static_cast<uint32_t>(image.height);
   ihdr.bit_depth = 8;
-  ihdr.color_type = SPNG_COLOR_TYPE_TRUECOLOR;
+  ihdr.color_type = C == 4 ? SPNG_COLOR_TYPE_TRUECOLOR_ALPHA : SPNG_COLOR_TYPE_TRUECOLOR;
   check(spng_set_ihdr(ctx.get(), &ihdr), "header");
   spng_text text{};
   std::string body = parameters;  // spng takes a non-const pointer
@@ -439,7 +463,24 @@ std::string encode_png(const Image& image, const std::string& parameters) {
   return out;
 }
 
+}  // namespace
+
+std::string encode_png(const Image& image, const std::string& parameters) {
+  return encode_png_any(image, parameters);
+}
+
+std::string encode_png(const ImageRgba& image, const std::string& parameters) {
+  return encode_png_any(image, parameters);
+}
+
 void save_png(const std::string& path, const Image& image, const std::string& parameters) {
+  const std::string bytes = encode_png(image, parameters);
+  AtomicFile file(path);
+  file.write(bytes);
+  file.commit();
+}
+
+void save_png(const std::string& path, const ImageRgba& image, const std::string& parameters) {
   const std::string bytes = encode_png(image, parameters);
   AtomicFile file(path);
   file.write(bytes);

@@ -60,12 +60,23 @@ Image load_image(const std::string& path);
 Image decode_image(const uint8_t* data, size_t size, const std::string& what,
                    int64_t max_pixels = limits::kMaxImagePixels);
 
+// The same as PIL's Image.open, ImageOps.exif_transpose, then convert("RGBA") (what
+// QwenImage21Pipeline does to a condition image that is not RGBA already): PNG alpha kept
+// (grey + alpha replicated; 16-bit samples keep their high byte), a tRNS colour key or palette
+// alpha applied, 255 elsewhere and for JPEG; the other rules as load_image.
+ImageRgba load_image_rgba(const std::string& path);
+ImageRgba decode_image_rgba(const uint8_t* data, size_t size, const std::string& what,
+                            int64_t max_pixels = limits::kMaxImagePixels);
+
 // PNG bytes of an RGB image; `parameters`, when not empty, goes into a text chunk of that name
 // (tEXt when it is ASCII, else UTF-8 iTXt, as PIL's PngInfo.add_text writes it), where
 // A1111-style tools and PIL's Image.info["parameters"] find it.
 std::string encode_png(const Image& image, const std::string& parameters = "");
+// An RGBA image as an 8-bit RGBA PNG, likewise (PIL's save of an "RGBA" image).
+std::string encode_png(const ImageRgba& image, const std::string& parameters = "");
 // Writes encode_png's bytes atomically (io/atomic_file.h): the old file or the whole new one.
 void save_png(const std::string& path, const Image& image, const std::string& parameters = "");
+void save_png(const std::string& path, const ImageRgba& image, const std::string& parameters = "");
 // The "parameters" text of a PNG file ("" when absent).
 std::string read_png_parameters(const std::string& path);
 
