@@ -497,7 +497,11 @@ void Vae::check_latents(const Tensor& z, const std::string& what) const {
 Tensor Vae::encode_moments(const ExecContext& ctx0, const Tensor& img) const {
   check_image(img, "VAE encode input");
   const int64_t bsz = img.dim(0), h = img.dim(2), w = img.dim(3), f = cfg_.scale_factor();
-  check_memory(activation_bytes(encoder_dims(cfg_), h, w),
+  // Channels per resolution, full resolution first: level r's resnets widen enc[r] to enc[r+1].
+  const std::vector<int64_t> enc = encoder_dims(cfg_);
+  std::vector<int64_t> by_res;
+  for (size_t r = 0; r + 1 < enc.size(); ++r) by_res.push_back(std::max(enc[r], enc[r + 1]));
+  check_memory(activation_bytes(by_res, h, w),
                "VAE encode of a " + std::to_string(w) + "x" + std::to_string(h) + " image",
                "use a smaller image");
   Arena arena;
@@ -624,8 +628,13 @@ Tensor Vae::decode_z(const ExecContext& ctx0, const Tensor& z, const DecodeOptio
     tsw = o.tile_sample_stride_width / f;
     tiled = w > tlw || h > tlh;
   }
+  // Channels per resolution, full resolution first: at resolution r the up block that
+  // upsamples into it writes dec[L - r - 1] channels and the next one narrows them to dec[L - r].
   const std::vector<int64_t> dec = decoder_dims(cfg_);
-  std::vector<int64_t> by_res(dec.rbegin(), dec.rend());  // full resolution first
+  const int64_t nl = cfg_.levels();
+  std::vector<int64_t> by_res;
+  for (int64_t r = 0; r < nl; ++r)
+    by_res.push_back(std::max(dec[size_t(nl - r)], dec[size_t(nl - r - 1)]));
   const int64_t sh = tiled ? std::min(h, tlh) : h, sw = tiled ? std::min(w, tlw) : w;
   check_memory(checked_add(activation_bytes(by_res, sh * f, sw * f),
                            checked_mul(bsz * co, oh * ow * 4, "VAE image bytes"), "VAE decode"),
