@@ -27,7 +27,9 @@ parameters [1, 128, 1, h, w] with the frame axis dropped); ``encode.mode``; ``en
 (``_encode_vae_image``); ``encode.tokens`` (``_pack_latents``); ``decode.denormalized``;
 ``decode.<module>`` decoder intermediates; ``decode.decoder`` (the decoder before the clamp);
 ``decode.image`` (``vae.decode(...)[0][:, :, 0]``); ``post.pixels`` (postprocess to PIL: RGBA
-uint8 [H, W, 4]); ``tiled.untiled`` and ``tiled.image`` (tiled decode with small tiles).
+uint8 [H, W, 4]); ``tiled.image`` (tiled decode with small tiles; diffusers' seam error against
+the untiled decode is in meta.json). The second case dumps the endpoints only, and neither keeps
+the two full-resolution decoder levels (size).
 
 Usage (from the repository root)::
 
