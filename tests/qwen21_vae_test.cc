@@ -162,6 +162,16 @@ TEST(Qwen21VaeConfig, BadFieldsAreRefusedByName) {
 // ---------------------------------------------------------------------------------------------
 // Golden parity
 
+std::map<std::string, Tensor> golden_tensors(Json* config) {
+  const std::string dir = test::golden("qwen21_vae/vae");
+  const CheckpointScan scan = scan_checkpoint(dir);
+  CheckpointReader reader(scan);
+  std::map<std::string, Tensor> all;
+  for (const auto& [name, info] : scan.tensors) all[name] = reader.get(name).clone();
+  if (config) *config = *scan.config;
+  return all;
+}
+
 const Vae& golden_vae() {
   static const Vae vae = Vae::load(test::golden("qwen21_vae/vae"));
   return vae;
@@ -385,14 +395,42 @@ TEST(Qwen21VaeImages, PreprocessRoundsDownAndRefusesEmpty) {
 // ---------------------------------------------------------------------------------------------
 // Bad input
 
-std::map<std::string, Tensor> golden_tensors(Json* config) {
-  const std::string dir = test::golden("qwen21_vae/vae");
-  const CheckpointScan scan = scan_checkpoint(dir);
-  CheckpointReader reader(scan);
-  std::map<std::string, Tensor> all;
-  for (const auto& [name, info] : scan.tensors) all[name] = reader.get(name).clone();
-  if (config) *config = *scan.config;
-  return all;
+TEST(Qwen21VaeGolden, Bf16WeightsAreWidenedAndPipelineFolderFindsVae) {
+  // The golden model saved as BF16 in a pipeline-shaped folder (<root>/vae/): load widens every
+  // weight exactly, so it decodes as the f32 model built from the bf16-rounded tensors.
+  Json config;
+  const auto all = golden_tensors(&config);
+  std::map<std::string, Tensor> narrow, widened;
+  std::vector<TensorToWrite> files;
+  for (const auto& [name, t] : all) {
+    narrow[name] = t.to(DType::kBF16);
+    widened[name] = narrow[name].to_f32();
+  }
+  for (const auto& [name, t] : narrow) files.push_back({name, DType::kBF16, t.shape(), t.raw()});
+  test::TempDir tmp;
+  write_diffusers_folder((tmp.path() / "vae").string(), config, files);
+  const Vae from_bf16 = Vae::load(tmp.path().string());
+  const Vae from_f32 = Vae::from_tensors(Config::from_json(config, "golden"), widened);
+  const Tensor lat = Tensor::from_vector(test::randn(64 * 2 * 3, 93), {1, 64, 2, 3});
+  const Tensor a = from_bf16.decode(kFast, lat), b = from_f32.decode(kFast, lat);
+  EXPECT_TRUE(test::bit_equal(a.f32(), b.f32(), a.numel()));
+}
+
+TEST(Qwen21VaeGolden, BatchEqualsOneImageAtATime) {
+  const Vae& vae = golden_vae();
+  const Tensor img = Tensor::from_vector(test::randn(2 * 4 * 32 * 48, 94, 0.5f), {2, 4, 32, 48});
+  const Tensor lat = Tensor::from_vector(test::randn(2 * 64 * 2 * 4, 95), {2, 64, 2, 4});
+  const Tensor e = vae.encode(kFast, img), d = vae.decode(kFast, lat);
+  for (int64_t b = 0; b < 2; ++b) {
+    const Tensor one_img = Tensor::from_vector(
+        std::vector<float>(img.f32() + b * 4 * 32 * 48, img.f32() + (b + 1) * 4 * 32 * 48),
+        {1, 4, 32, 48});
+    const Tensor one_lat = Tensor::from_vector(
+        std::vector<float>(lat.f32() + b * 64 * 8, lat.f32() + (b + 1) * 64 * 8), {1, 64, 2, 4});
+    const Tensor e1 = vae.encode(kFast, one_img), d1 = vae.decode(kFast, one_lat);
+    EXPECT_TRUE(test::bit_equal(e1.f32(), e.f32() + b * e1.numel(), e1.numel()));
+    EXPECT_TRUE(test::bit_equal(d1.f32(), d.f32() + b * d1.numel(), d1.numel()));
+  }
 }
 
 TEST(Qwen21VaeErrors, MissingUnexpectedAndMisshapenTensors) {
