@@ -23,7 +23,7 @@ exclude='^format$'
 # golden-parity and step-cache programs (flux2_golden, flux2_model, qwen_golden, qwen21,
 # step_cache, family_denoise, klein_pipeline) run in the normal build only: compiling them under
 # ASan took CI past 30 minutes on 2 cores. Their gtest entries show as *_NOT_BUILT here.
-asan_tests=(ops_test io_test gguf_test qwen3_test klein_kv_test flux2_vae_test thread_test
+asan_tests=(ops_test io_test gguf_test qwen3_test klein_kv_test flux2_vae_test qwen21_vae_test thread_test
             atomic_write_test hostile_test family_test int8_test random_test image_test
             tokenizer_test generate_test qwen3_vl_vision_test)
 build_target=(--target "${asan_tests[@]}")

@@ -392,6 +392,16 @@ Image to_rgba(const Image& image) {
   return out;
 }
 
+Image to_rgb(const Image& image) {
+  if (image.channels == 3) return image;
+  FLOWKV_CHECK(image.channels == 4, "to_rgb: ", image.channels, " channels");
+  Image out = Image::blank(image.width, image.height, "RGB image", 3);
+  for (int64_t i = 0; i < image.width * image.height; ++i) {
+    std::memcpy(&out.pixels[3 * i], &image.pixels[4 * i], 3);
+  }
+  return out;
+}
+
 Image over_white(const Image& rgba) {
   FLOWKV_CHECK(rgba.channels == 4, "over_white: ", rgba.channels, " channels (RGBA expected)");
   Image out = Image::blank(rgba.width, rgba.height, "RGB image", 3);

@@ -70,6 +70,8 @@ Image resize_lanczos(const Image& src, int64_t width, int64_t height);
 Image resize_bicubic(const Image& src, int64_t width, int64_t height);
 // PIL's convert("RGBA") of an RGB image (alpha 255); an RGBA image is returned as it is.
 Image to_rgba(const Image& image);
+// PIL's convert("RGB") of an RGBA image: alpha dropped (not composited); RGB is returned as is.
+Image to_rgb(const Image& image);
 // An RGBA image pasted over opaque white through its alpha, as
 // Image.new("RGB", size, white).paste(image, mask=image.getchannel("A")) rounds: RGB out.
 Image over_white(const Image& rgba);

@@ -77,6 +77,12 @@ struct GroupNormArgs {
 void group_norm(const ExecContext& ctx, const float* x, float* y, int64_t hw, int64_t c,
                 const float* gamma, const float* beta, const GroupNormArgs& args);
 
+// Wan's RMS_norm over channels (diffusers WanRMS_norm / QwenImage21RMS_norm, no bias):
+// y = x / max(||x||_2, 1e-12) * sqrt(C) * gamma per pixel (F.normalize over the channel axis),
+// then SiLU when `silu`; x, y [hw, C] (may be the same). Norms summed in double.
+void rms_norm_channels(const ExecContext& ctx, const float* x, float* y, int64_t hw, int64_t c,
+                       const float* gamma, bool silu);
+
 // Nearest-neighbour 2x upsampling: x [h, w, C] -> y [2h, 2w, C].
 void upsample_nearest2x(const ExecContext& ctx, const float* x, int64_t h, int64_t w, int64_t c,
                         float* y);
@@ -89,6 +95,8 @@ namespace ref {
 void conv2d(const Conv2d& conv, const float* x, int64_t h, int64_t w, float* y);
 void group_norm(const float* x, float* y, int64_t hw, int64_t c, const float* gamma,
                 const float* beta, const GroupNormArgs& args);
+void rms_norm_channels(const float* x, float* y, int64_t hw, int64_t c, const float* gamma,
+                       bool silu);
 void upsample_nearest2x(const float* x, int64_t h, int64_t w, int64_t c, float* y);
 }  // namespace ref
 

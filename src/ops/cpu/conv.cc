@@ -197,6 +197,31 @@ void group_norm(const ExecContext& ctx, const float* x, float* y, int64_t hw, in
   });
 }
 
+void rms_norm_channels(const ExecContext& ctx, const float* x, float* y, int64_t hw, int64_t c,
+                       const float* gamma, bool silu) {
+  if (ctx.kernels == KernelPath::kReference)
+    return ref::rms_norm_channels(x, y, hw, c, gamma, silu);
+  const float scale = static_cast<float>(std::sqrt(double(c)));
+  std::vector<float> g(static_cast<size_t>(c));
+  for (int64_t ch = 0; ch < c; ++ch) g[size_t(ch)] = scale * gamma[ch];
+  const int64_t per = std::max<int64_t>(1, 16384 / c);  // pixels per task
+  const int64_t nb = (hw + per - 1) / per;
+  const auto& kern = cpu::row_kernels();
+  parallel_for_on(threads_for(double(hw) * double(c) * 4), nb, [&](int64_t t) {
+    const int64_t p0 = t * per, p1 = std::min(hw, p0 + per);
+    for (int64_t px = p0; px < p1; ++px) {
+      const float* r = x + px * c;
+      float* o = y + px * c;
+      double q = 0;
+      for (int64_t ch = 0; ch < c; ++ch) q += double(r[ch]) * r[ch];
+      // One reciprocal per pixel: x * (1 / norm) differs from x / norm by at most an ulp.
+      const float inv = static_cast<float>(1.0 / std::max(std::sqrt(q), 1e-12));
+      for (int64_t ch = 0; ch < c; ++ch) o[ch] = r[ch] * inv * g[size_t(ch)];
+    }
+    if (silu) kern.silu(y + p0 * c, y + p0 * c, (p1 - p0) * c);
+  });
+}
+
 void upsample_nearest2x(const ExecContext& ctx, const float* x, int64_t h, int64_t w, int64_t c,
                         float* y) {
   if (ctx.kernels == KernelPath::kReference) return ref::upsample_nearest2x(x, h, w, c, y);

@@ -1,4 +1,5 @@
 // Scalar references of the spatial ops: direct loops, in double where PyTorch reduces.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -58,6 +59,21 @@ void group_norm(const float* x, float* y, int64_t hw, int64_t c, const float* ga
         if (a.silu) v = v / (1.0f + std::exp(-v));
         y[p * c + ch] = v;
       }
+    }
+  }
+}
+
+void rms_norm_channels(const float* x, float* y, int64_t hw, int64_t c, const float* gamma,
+                       bool silu) {
+  const float scale = static_cast<float>(std::sqrt(double(c)));
+  for (int64_t p = 0; p < hw; ++p) {
+    double q = 0;
+    for (int64_t ch = 0; ch < c; ++ch) q += double(x[p * c + ch]) * x[p * c + ch];
+    const float norm = static_cast<float>(std::max(std::sqrt(q), 1e-12));
+    for (int64_t ch = 0; ch < c; ++ch) {
+      float v = x[p * c + ch] / norm * scale * gamma[ch];
+      if (silu) v = v / (1.0f + std::exp(-v));
+      y[p * c + ch] = v;
     }
   }
 }

@@ -1,0 +1,290 @@
+// Qwen-Image-2.1 from a prompt and condition images to a picture, as diffusers 0.42.1's
+// QwenImage21Pipeline.__call__ does it, stage by stage:
+//   prompt      each condition image resized to about resolution^2 pixels (RGBA Lanczos),
+//               pasted over white for the Qwen3-VL processor; the template, the vision tower,
+//               the language model's last pre-norm hidden states without the system prompt:
+//               the positive branch, and the negative one under classifier-free guidance
+//   conditions  the same RGBA images through the VAE encoder (mode), normalised, flattened
+//   denoise     torch-seeded noise, the one denoising loop with the exact prefix cache (one per
+//               CFG branch) under causal_condition
+//   decode      de-normalise, VAE decode, RGBA pixels
+// Each stage loads its component and releases it before the next one starts.
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+
+#include "core/random.h"
+#include "families/family.h"
+#include "flowkv/error.h"
+#include "flowkv/generate.h"
+#include "flowkv/model.h"
+#include "io/image.h"
+#include "io/pipeline_folder.h"
+#include "models/qwen21_vae/model.h"
+#include "models/qwen3_vl/prompt_encoder.h"
+#include "models/qwen_image/config.h"
+#include "pipeline/condition_image.h"
+#include "pipeline/reference_image.h"
+#include "pipeline/stages.h"
+
+namespace flowkv::families {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int64_t kDefaultResolution = 1024;  // QwenImage21Pipeline output_resolution
+constexpr int64_t kMultiple = 32;             // vae_scale_factor * 2: sizes are floored to it
+constexpr int64_t kSlotTokens = 4;            // each vision-language image slot: 2x2 latents
+
+struct Components {
+  std::string transformer, text_encoder, processor, vae;
+  qwen::Config21 transformer_cfg;
+  qwen21_vae::Config vae_cfg;
+  std::vector<double> sample_sigmas;  // model_index.json's sample_sigmas (empty: linspace)
+};
+
+std::string config_path(const std::string& dir) {
+  return (fs::path(dir) / "config.json").string();
+}
+
+// Before any weight is read: every component is there and they fit together.
+Components check_components(const PipelineFolder& p) {
+  Components c;
+  c.transformer = p.component("transformer").path;
+  c.text_encoder = p.component("text_encoder").path;
+  c.processor = p.component("processor").path;
+  c.vae = p.component("vae").path;
+  for (const std::string* d : {&c.transformer, &c.text_encoder, &c.vae}) {
+    FLOWKV_CHECK(path_exists(config_path(*d)), *d, ": missing (model_index.json names it, but ",
+                 config_path(*d), " does not exist)");
+  }
+  for (const char* f : {"/tokenizer.json", "/preprocessor_config.json"}) {
+    FLOWKV_CHECK(path_exists(c.processor + f), c.processor, f,
+                 ": missing (the Qwen3-VL processor of the pipeline)");
+  }
+  c.transformer_cfg = qwen::Config21::from_json(read_json_file(config_path(c.transformer)),
+                                                config_path(c.transformer));
+  const qwen3_vl::EncoderShape te = qwen3_vl::encoder_shape(c.text_encoder, c.processor);
+  c.vae_cfg =
+      qwen21_vae::Config::from_json(read_json_file(config_path(c.vae)), config_path(c.vae));
+  const qwen::Config21& t = c.transformer_cfg;
+  FLOWKV_CHECK(te.hidden_size == t.context_in_dim, p.path, ": the text encoder's hidden size ",
+               te.hidden_size, " does not fit the transformer's context_in_dim ", t.context_in_dim,
+               " (mismatched components)");
+  FLOWKV_CHECK(t.patch_size == 1 && c.vae_cfg.z_dim == t.in_channels, p.path, ": the VAE's ",
+               c.vae_cfg.z_dim, " latent channels do not fit the transformer's in_channels ",
+               t.in_channels, " (patch_size ", t.patch_size, "; mismatched components)");
+  // One vision-language image slot stands for 2x2 latent tokens of 16 pixels: the processor's
+  // merged patches must cover 32 pixels.
+  FLOWKV_CHECK(te.pixels_per_slot == kMultiple, p.path, ": the processor's merged patch covers ",
+               te.pixels_per_slot, " pixels; Qwen-Image-2.1's transformer reads one slot as 2x2 ",
+               "latent tokens of 16 pixels (32)");
+  FLOWKV_CHECK(c.vae_cfg.scale_factor() == kMultiple / 2, p.path, ": the VAE scales by ",
+               c.vae_cfg.scale_factor(), "; Qwen-Image-2.1's pipeline assumes 16");
+  if (p.index.contains("sample_sigmas") && !p.index["sample_sigmas"].is_null()) {
+    const Json& s = p.index["sample_sigmas"];
+    FLOWKV_CHECK(s.is_array() && !s.empty(), p.path,
+                 "/model_index.json: sample_sigmas must be a list of numbers");
+    for (const Json& v : s) {
+      FLOWKV_CHECK(v.is_number(), p.path,
+                   "/model_index.json: sample_sigmas must be a list of numbers");
+      const double x = v.get<double>();
+      FLOWKV_CHECK(x > 0 && x <= 1, p.path, "/model_index.json: sample_sigmas value ", x,
+                   " is outside (0, 1]");
+      c.sample_sigmas.push_back(x);
+    }
+  }
+  return c;
+}
+
+std::string size_str(int64_t w, int64_t h) {
+  return std::to_string(w) + "x" + std::to_string(h);
+}
+
+// What encode_prompt returns for one branch, as the transformer reads it.
+PromptEmbeds encode_branch(const qwen3_vl::PromptEncoder& enc, const std::string& text,
+                           const std::vector<Image>& images, std::string* note) {
+  const qwen3_vl::PromptEncoding e = enc.encode(ExecContext{}, text, images);
+  *note = std::to_string(e.embeds.dim(1)) + " tokens (" + std::to_string(e.text_tokens) +
+          " text, " + std::to_string(e.embeds.dim(1) - e.text_tokens) + " image slots)";
+  return PromptEmbeds{.embeds = e.embeds, .slots = e.slots, .mask = {}};
+}
+
+// The generation parameters, as A1111-style tools write them into a PNG.
+std::string parameters_text(const GenerateRequest& req, const PipelineFolder& p, int64_t w,
+                            int64_t h, int steps, bool cfg, int64_t resolution) {
+  std::string s = req.prompt;
+  if (cfg) s += "\nNegative prompt: " + req.negative_prompt;
+  char scale[32];
+  std::snprintf(scale, sizeof scale, "%g", static_cast<double>(req.cfg_scale));
+  s += "\nSteps: " + std::to_string(steps) + ", Sampler: Euler (flow matching), CFG scale: " +
+       (cfg ? std::string(scale) : std::string("off")) + ", Seed: " + std::to_string(req.seed) +
+       ", Size: " + size_str(w, h) + ", Model: " + fs::path(p.path).filename().string() + " (" +
+       p.class_name + "), Condition images: " + std::to_string(req.references.size()) +
+       (req.references.empty() ? "" : ", Resolution: " + std::to_string(resolution)) +
+       ", KV cache: " + (req.kv_cache ? "on" : "off");
+  for (const std::string& sc : req.step_caches) s += ", Step cache: " + sc;
+  return s + ", Generator: flowkv";
+}
+
+GenerateResult generate_qwen21(const PipelineFolder& p, const GenerateRequest& req,
+                               const GenerateProgress& progress) {
+  const Components c = check_components(p);
+  const int64_t resolution = req.resolution > 0 ? req.resolution : kDefaultResolution;
+  // diffusers: guidance runs when true_cfg_scale > 1 and a negative prompt is given.
+  const bool cfg = req.cfg_scale > 1.0f && req.has_negative_prompt;
+
+  // Step 1 of __call__: the condition images at their pipeline size (RGBA), read before any
+  // weight so a bad file fails first.
+  std::vector<Image> conds;
+  for (const std::string& path : req.references) {
+    conds.push_back(qwen21_condition_image(load_image(path, PixelFormat::kRGBA), resolution,
+                                           "condition image " + path));
+  }
+  int64_t want_w = req.width, want_h = req.height;
+  if (!conds.empty()) {  // the last image's calculate_dimensions, unless given
+    if (want_w == 0) want_w = conds.back().width;
+    if (want_h == 0) want_h = conds.back().height;
+  }
+  if (want_w == 0) want_w = resolution;
+  if (want_h == 0) want_h = resolution;
+  const int64_t gw = want_w / kMultiple * 2, gh = want_h / kMultiple * 2;  // latent tokens
+  FLOWKV_CHECK(gw >= 2 && gh >= 2, "the image size ", size_str(want_w, want_h),
+               " is smaller than ", kMultiple, " pixels a side");
+
+  GenerateResult res;
+  res.width = gw * (kMultiple / 2), res.height = gh * (kMultiple / 2);
+  pipeline::StageRunner stages(progress, res.stages);
+
+  std::vector<Image> vl_images;  // what the prompt encoder sees: alpha over white
+  for (const Image& im : conds) vl_images.push_back(over_white(im));
+  PromptEmbeds positive, negative;
+  stages.run("prompt", cfg ? 3 : 2, [&](pipeline::Stage& s) {
+    const qwen3_vl::PromptEncoder enc = qwen3_vl::PromptEncoder::load(c.text_encoder, c.processor);
+    s.advance(1, "text encoder loaded");
+    std::string note;
+    positive = encode_branch(enc, req.prompt, vl_images, &note);
+    s.detail = "prompt: " + note;
+    s.advance(2, "prompt encoded");
+    if (cfg) {
+      negative = encode_branch(enc, req.negative_prompt, vl_images, &note);
+      s.detail += "; negative: " + note;
+      s.advance(3, "negative prompt encoded");
+    }
+    return 0;
+  });
+
+  std::vector<ReferenceLatents> latents_in;
+  if (!conds.empty()) {
+    latents_in = stages.run(
+        "conditions", static_cast<int64_t>(conds.size()), [&](pipeline::Stage& s) {
+          const qwen21_vae::Vae vae = qwen21_vae::Vae::load(c.vae);
+          std::vector<ReferenceLatents> out;
+          for (size_t i = 0; i < conds.size(); ++i) {
+            const Tensor z = vae.encode(ExecContext{}, image_to_tensor(conds[i]));  // [1,C,h,w]
+            const int64_t h = z.dim(2), w = z.dim(3);
+            out.push_back({qwen21_vae::pack(z), h, w});
+            s.detail += (s.detail.empty() ? "" : ", ") + size_str(conds[i].width, conds[i].height) +
+                        " (" + std::to_string(h * w) + " tokens)";
+            s.advance(static_cast<int64_t>(i + 1), req.references[i]);
+          }
+          return out;
+        });
+  }
+  // Each image's slots in the prompt must cover its latents 2x2 (the processor keeps the
+  // pipeline's multiple-of-32 sizes; a processor config that resizes them again would not).
+  for (const PromptEmbeds* b : {&positive, &negative}) {
+    if (!b->embeds.defined()) continue;
+    int64_t slots = 0, tokens = 0;
+    for (uint8_t v : b->slots) slots += v;
+    for (const ReferenceLatents& r : latents_in) tokens += r.height * r.width;
+    FLOWKV_CHECK(slots * kSlotTokens == tokens, p.path, ": the prompt encoder gave ", slots,
+                 " image slots for ", tokens,
+                 " condition latent tokens (4 each expected): the processor resized the "
+                 "condition images (check min_pixels / max_pixels in preprocessor_config.json)");
+  }
+
+  const int steps_default = c.sample_sigmas.empty()
+                                ? (req.steps > 0 ? req.steps : by_name("qwen21").info.default_steps)
+                                : static_cast<int>(c.sample_sigmas.size());
+  int steps_run = 0;
+  const Tensor latents = stages.run("denoise", steps_default, [&](pipeline::Stage& s) {
+    const Model model = Model::load(c.transformer, req.dtype);
+    TorchGenerator g(req.seed);
+    const DType noise_dtype = model.compute_dtype() == "BF16" ? DType::kBF16 : DType::kF32;
+    DenoiseInputs in;
+    in.prompt = positive;
+    if (cfg) {
+      in.negative = negative;
+      in.cfg_scale = req.cfg_scale;
+    }
+    // randn of [1, 1, C, h, w], flattened to tokens (_pack_latents).
+    in.noise =
+        qwen21_vae::pack(randn_tensor(g, {1, c.transformer_cfg.in_channels, gh, gw}, noise_dtype)
+                             .to_f32());
+    in.height = gh, in.width = gw;
+    in.references = latents_in;
+    DenoiseOptions o;
+    if (c.sample_sigmas.empty()) {
+      o.steps = steps_default;
+    } else {
+      FLOWKV_CHECK(req.steps == 0 || req.steps == static_cast<int>(c.sample_sigmas.size()),
+                   p.path, "/model_index.json sets ", c.sample_sigmas.size(),
+                   " sample_sigmas, which fix the step count; --steps ", req.steps,
+                   " differs (leave it out)");
+      o.sigmas = c.sample_sigmas;
+    }
+    o.mode = req.kv_cache ? KVMode::kCached : KVMode::kRecompute;
+    o.step_caches = req.step_caches;
+    const bool cached = req.kv_cache && c.transformer_cfg.causal_condition;
+    auto last = std::chrono::steady_clock::now();
+    o.on_step = [&](int step, int n) {
+      const auto now = std::chrono::steady_clock::now();
+      char secs[32];
+      std::snprintf(secs, sizeof secs, "%.2f s", std::chrono::duration<double>(now - last).count());
+      last = now;
+      const std::string cache = !cached    ? ", prefix computed"
+                                : step == 1 ? ", prefix computed, K/V stored"
+                                            : ", prefix from the KV cache";
+      s.advance(step, "step " + std::to_string(step) + "/" + std::to_string(n) + " " + secs +
+                          cache + (cfg ? " (2 branches)" : ""));
+    };
+    const DenoiseResult r = denoise(model, in, o);
+    steps_run = static_cast<int>(r.step_seconds.size());
+    s.detail = std::to_string(steps_run) + " steps" + (cfg ? " x 2 branches, " : ", ") +
+               (r.kv_bytes > 0 ? "prefix K/V computed at step 1 and reused after it (" +
+                                     std::to_string(r.kv_bytes) + " bytes)"
+                               : "prefix recomputed every step");
+    return r.latents;
+  });
+  res.parameters = parameters_text(req, p, res.width, res.height, steps_run, cfg, resolution);
+  const Image image = stages.run("decode", 1, [&](pipeline::Stage& s) {
+    const qwen21_vae::Vae vae = qwen21_vae::Vae::load(c.vae);
+    const qwen21_vae::DecodeOptions d{.tiled = req.vae_tiling};
+    const Tensor rgba = vae.decode(ExecContext{}, qwen21_vae::unpack(latents, gh, gw), d);
+    s.advance(1, "decoded");
+    s.detail = size_str(res.width, res.height) + " RGBA";
+    return tensor_to_image(rgba);
+  });
+  res.channels = image.channels;
+  res.pixels = image.pixels;
+  return res;
+}
+
+}  // namespace
+
+void qwen21_check_pipeline(const PipelineFolder& p) {
+  (void)check_components(p);
+}
+
+bool qwen21_runs_pipeline(const std::string& pipeline_class) {
+  return pipeline_class == "QwenImage21Pipeline";
+}
+
+GenerateResult qwen21_generate(const PipelineFolder& p, const GenerateRequest& req,
+                               const GenerateProgress& progress) {
+  return generate_qwen21(p, req, progress);
+}
+
+}  // namespace flowkv::families

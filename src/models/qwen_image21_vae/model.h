@@ -1,0 +1,105 @@
+// The Qwen-Image-2.1 VAE (diffusers AutoencoderKLQwenImage21) on one frame, and the
+// QwenImage21Pipeline's latent conventions.
+//
+// Images are [B, C_in, H, W] f32 in [-1, 1] (PyTorch order; C_in = 4, RGBA, when released); H
+// and W must be multiples of config.scale_factor() (16 when released). Latents are
+// "normalised" [B, z, H/16, W/16] (z = 64), unpatched: one transformer token per latent pixel.
+//
+//   encode:  image -> encoder -> quant_conv -> moments [B, 2z, h, w] -> mode (the mean half:
+//            _encode_vae_image's retrieve_latents(sample_mode="argmax")) ->
+//            (x - latents_mean) / latents_std
+//   decode:  latents -> x * latents_std + latents_mean -> post_quant_conv -> decoder ->
+//            clamp to [-1, 1] (vae.decode(...)[0][:, :, 0])
+//
+// diffusers runs these as a video VAE on a [B, C, 1, H, W] tensor. For one frame its
+// "CausalConv3d"s are nn.Conv2d on the squeezed frame; the first chunk never runs a time_conv
+// (the feature cache is empty: downsample3d caches the frame, upsample3d marks "Rep"); but the
+// residual shortcuts still see the time axis: AvgDown3D with factor_t 2 pads one zero frame in
+// front and averages it into half of each output group, and DupUp3D with factor_t 2 keeps the
+// second of the two frames it makes (first_chunk). flowkv computes exactly that, in 2-D.
+//
+// The transformer reads tokens: pack() turns [B, C, h, w] into [B, h*w, C] (_pack_latents) and
+// unpack() inverts it (_unpack_latents without the frame axis).
+//
+// Activations are channels-last ([H, W, C], one image of the batch at a time), as the
+// convolution GEMM and attention read them. Weights are widened to f32 at load.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "core/exec_context.h"
+#include "flowkv/tensor.h"
+#include "models/qwen_image21_vae/config.h"
+
+namespace flowkv::qwen21_vae {
+
+// [B, C, h, w] <-> [B, h*w, C].
+Tensor pack(const Tensor& x);
+Tensor unpack(const Tensor& tokens, int64_t h, int64_t w);
+
+// Tiled decode, as diffusers' AutoencoderKLQwenImage21.tiled_decode after
+// enable_tiling(tile_sample_min_height, ...): the latent is cut into tiles of
+// tile_sample_min / 16 latent pixels every tile_sample_stride / 16; each tile is decoded alone,
+// blended linearly into its upper and left neighbours over (min - stride) pixels (blend_v /
+// blend_h), cropped to stride pixels, and the image is clamped. Tiles are used only when the
+// latent is larger than one tile. Sizes in pixels must be multiples of the scale factor, with
+// stride <= min. Memory: one row of decoded tiles plus the output image.
+struct DecodeOptions {
+  bool tiled = false;
+  int64_t tile_sample_min_height = 256;  // diffusers' defaults
+  int64_t tile_sample_min_width = 256;
+  int64_t tile_sample_stride_height = 192;
+  int64_t tile_sample_stride_width = 192;
+};
+
+class Vae {
+ public:
+  Vae(Vae&&) noexcept;
+  Vae& operator=(Vae&&) noexcept;
+  ~Vae();
+
+  // Loads a diffusers vae/ folder (config.json + safetensors), or the vae/ of a pipeline
+  // folder; every missing, misshapen or unexpected tensor is a flowkv::Error naming the folder.
+  // BF16/F16 weights are widened to f32.
+  static Vae load(const std::string& path);
+  // From tensors under diffusers names (tests, zero weights for measurements).
+  static Vae from_tensors(const Config& c, const std::map<std::string, Tensor>& tensors,
+                          const std::string& what = "VAE tensors");
+
+  const Config& config() const { return cfg_; }
+  int64_t held_bytes() const;
+
+  // image [B, C_in, H, W] in [-1, 1] -> normalised latents [B, z, H/16, W/16].
+  Tensor encode(const ExecContext& ctx, const Tensor& image) const;
+  // image -> the posterior's parameters [B, 2z, H/16, W/16] (mean, then log-variance, not
+  // clamped), as vae.encode(x).latent_dist.parameters without the frame axis.
+  Tensor encode_moments(const ExecContext& ctx, const Tensor& image) const;
+  // Normalised latents [B, z, h, w] -> image [B, C_out, 16h, 16w] clamped to [-1, 1].
+  Tensor decode(const ExecContext& ctx, const Tensor& latents, const DecodeOptions& o = {}) const;
+  // Raw latents (denormalised) -> image, as vae.decode.
+  Tensor decode_z(const ExecContext& ctx, const Tensor& z, const DecodeOptions& o = {}) const;
+
+  // The per-channel normalisation alone, in place on [B, z, h, w]: (x - mean) / std and back
+  // (x * std + mean), in f32 as the pipeline computes them.
+  void normalize(Tensor& x) const;
+  void denormalize(Tensor& x) const;
+
+  // Checks an image batch (shape, dtype, channels, multiple of the scale factor, size limits);
+  // `what` names it in the error.
+  void check_image(const Tensor& image, const std::string& what) const;
+  // Checks a latent batch [B, z, h, w]; `what` names it.
+  void check_latents(const Tensor& latents, const std::string& what) const;
+
+  struct Weights;  // opaque: the loaded layers (model.cc)
+
+ private:
+  template <class F>
+  void per_channel(Tensor& x, F&& f) const;
+  Vae(Config c, std::unique_ptr<Weights> w);
+  Config cfg_;
+  std::unique_ptr<Weights> w_;
+};
+
+}  // namespace flowkv::qwen21_vae
