@@ -281,6 +281,10 @@ Family qwen21_family() {
   };
   f.layout = layout_of;
   f.tables = flux1_tables();
+  f.runs_pipeline = qwen21_runs_pipeline;
+  f.check_pipeline = qwen21_check_pipeline;
+  f.generate = qwen21_generate;
+  f.generate_layout = qwen21_generate_layout;
   return f;
 }
 

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "core/arena.h"
 #include "core/random.h"
 #include "families/family.h"
 #include "flowkv/error.h"
@@ -20,11 +21,11 @@
 #include "flowkv/model.h"
 #include "io/image.h"
 #include "io/pipeline_folder.h"
-#include "models/qwen21_vae/model.h"
 #include "models/qwen3_vl/prompt_encoder.h"
 #include "models/qwen_image/config.h"
+#include "models/qwen_image21_vae/image_processor.h"
+#include "models/qwen_image21_vae/model.h"
 #include "pipeline/condition_image.h"
-#include "pipeline/reference_image.h"
 #include "pipeline/stages.h"
 
 namespace flowkv::families {
@@ -66,8 +67,7 @@ Components check_components(const PipelineFolder& p) {
   c.transformer_cfg = qwen::Config21::from_json(read_json_file(config_path(c.transformer)),
                                                 config_path(c.transformer));
   const qwen3_vl::EncoderShape te = qwen3_vl::encoder_shape(c.text_encoder, c.processor);
-  c.vae_cfg =
-      qwen21_vae::Config::from_json(read_json_file(config_path(c.vae)), config_path(c.vae));
+  c.vae_cfg = qwen21_vae::Config::from_json(read_json_file(config_path(c.vae)), config_path(c.vae));
   const qwen::Config21& t = c.transformer_cfg;
   FLOWKV_CHECK(te.hidden_size == t.context_in_dim, p.path, ": the text encoder's hidden size ",
                te.hidden_size, " does not fit the transformer's context_in_dim ", t.context_in_dim,
@@ -105,7 +105,9 @@ std::string size_str(int64_t w, int64_t h) {
 // What encode_prompt returns for one branch, as the transformer reads it.
 PromptEmbeds encode_branch(const qwen3_vl::PromptEncoder& enc, const std::string& text,
                            const std::vector<Image>& images, std::string* note) {
-  const qwen3_vl::PromptEncoding e = enc.encode(ExecContext{}, text, images);
+  Arena arena;
+  const ExecContext ctx{&arena};
+  const qwen3_vl::PromptEncoding e = enc.encode(ctx, text, images);
   *note = std::to_string(e.embeds.dim(1)) + " tokens (" + std::to_string(e.text_tokens) +
           " text, " + std::to_string(e.embeds.dim(1) - e.text_tokens) + " image slots)";
   return PromptEmbeds{.embeds = e.embeds, .slots = e.slots, .mask = {}};
@@ -150,8 +152,8 @@ GenerateResult generate_qwen21(const PipelineFolder& p, const GenerateRequest& r
   if (want_w == 0) want_w = resolution;
   if (want_h == 0) want_h = resolution;
   const int64_t gw = want_w / kMultiple * 2, gh = want_h / kMultiple * 2;  // latent tokens
-  FLOWKV_CHECK(gw >= 2 && gh >= 2, "the image size ", size_str(want_w, want_h),
-               " is smaller than ", kMultiple, " pixels a side");
+  FLOWKV_CHECK(gw >= 2 && gh >= 2, "the image size ", size_str(want_w, want_h), " is smaller than ",
+               kMultiple, " pixels a side");
 
   GenerateResult res;
   res.width = gw * (kMultiple / 2), res.height = gh * (kMultiple / 2);
@@ -177,12 +179,12 @@ GenerateResult generate_qwen21(const PipelineFolder& p, const GenerateRequest& r
 
   std::vector<ReferenceLatents> latents_in;
   if (!conds.empty()) {
-    latents_in = stages.run(
-        "conditions", static_cast<int64_t>(conds.size()), [&](pipeline::Stage& s) {
+    latents_in =
+        stages.run("conditions", static_cast<int64_t>(conds.size()), [&](pipeline::Stage& s) {
           const qwen21_vae::Vae vae = qwen21_vae::Vae::load(c.vae);
           std::vector<ReferenceLatents> out;
           for (size_t i = 0; i < conds.size(); ++i) {
-            const Tensor z = vae.encode(ExecContext{}, image_to_tensor(conds[i]));  // [1,C,h,w]
+            const Tensor z = vae.encode(ExecContext{}, qwen21_vae::preprocess(conds[i]));
             const int64_t h = z.dim(2), w = z.dim(3);
             out.push_back({qwen21_vae::pack(z), h, w});
             s.detail += (s.detail.empty() ? "" : ", ") + size_str(conds[i].width, conds[i].height) +
@@ -220,17 +222,16 @@ GenerateResult generate_qwen21(const PipelineFolder& p, const GenerateRequest& r
       in.cfg_scale = req.cfg_scale;
     }
     // randn of [1, 1, C, h, w], flattened to tokens (_pack_latents).
-    in.noise =
-        qwen21_vae::pack(randn_tensor(g, {1, c.transformer_cfg.in_channels, gh, gw}, noise_dtype)
-                             .to_f32());
+    in.noise = qwen21_vae::pack(
+        randn_tensor(g, {1, c.transformer_cfg.in_channels, gh, gw}, noise_dtype).to_f32());
     in.height = gh, in.width = gw;
     in.references = latents_in;
     DenoiseOptions o;
     if (c.sample_sigmas.empty()) {
       o.steps = steps_default;
     } else {
-      FLOWKV_CHECK(req.steps == 0 || req.steps == static_cast<int>(c.sample_sigmas.size()),
-                   p.path, "/model_index.json sets ", c.sample_sigmas.size(),
+      FLOWKV_CHECK(req.steps == 0 || req.steps == static_cast<int>(c.sample_sigmas.size()), p.path,
+                   "/model_index.json sets ", c.sample_sigmas.size(),
                    " sample_sigmas, which fix the step count; --steps ", req.steps,
                    " differs (leave it out)");
       o.sigmas = c.sample_sigmas;
@@ -244,7 +245,7 @@ GenerateResult generate_qwen21(const PipelineFolder& p, const GenerateRequest& r
       char secs[32];
       std::snprintf(secs, sizeof secs, "%.2f s", std::chrono::duration<double>(now - last).count());
       last = now;
-      const std::string cache = !cached    ? ", prefix computed"
+      const std::string cache = !cached     ? ", prefix computed"
                                 : step == 1 ? ", prefix computed, K/V stored"
                                             : ", prefix from the KV cache";
       s.advance(step, "step " + std::to_string(step) + "/" + std::to_string(n) + " " + secs +
@@ -265,7 +266,7 @@ GenerateResult generate_qwen21(const PipelineFolder& p, const GenerateRequest& r
     const Tensor rgba = vae.decode(ExecContext{}, qwen21_vae::unpack(latents, gh, gw), d);
     s.advance(1, "decoded");
     s.detail = size_str(res.width, res.height) + " RGBA";
-    return tensor_to_image(rgba);
+    return qwen21_vae::postprocess(rgba).at(0);
   });
   res.channels = image.channels;
   res.pixels = image.pixels;
@@ -273,6 +274,40 @@ GenerateResult generate_qwen21(const PipelineFolder& p, const GenerateRequest& r
 }
 
 }  // namespace
+
+GenerateLayout qwen21_generate_layout(const PipelineFolder& p, const GenerateRequest& req) {
+  const Components c = check_components(p);
+  const int64_t resolution = req.resolution > 0 ? req.resolution : kDefaultResolution;
+  GenerateLayout l;
+  l.cfg = req.cfg_scale > 1.0f && req.has_negative_prompt;
+  for (const std::string& path : req.references) {
+    const Image img = load_image(path, PixelFormat::kRGBA);
+    l.image_sizes.push_back(
+        qwen21_dimensions(resolution, img.width, img.height, "condition image " + path));
+  }
+  const qwen3_vl::PromptCounts pc =
+      qwen3_vl::prompt_counts(c.text_encoder, c.processor, req.prompt, l.image_sizes);
+  l.text_tokens = pc.text_tokens;
+  for (int64_t slots : pc.image_slots) l.image_tokens.push_back(slots * kSlotTokens);
+  if (l.cfg) {
+    l.negative_text_tokens =
+        qwen3_vl::prompt_counts(c.text_encoder, c.processor, req.negative_prompt, l.image_sizes)
+            .text_tokens;
+  }
+  int64_t w = req.width, h = req.height;
+  if (!l.image_sizes.empty()) {
+    if (w == 0) w = l.image_sizes.back().first;
+    if (h == 0) h = l.image_sizes.back().second;
+  }
+  if (w == 0) w = resolution;
+  if (h == 0) h = resolution;
+  l.width = w / kMultiple * kMultiple, l.height = h / kMultiple * kMultiple;
+  FLOWKV_CHECK(l.width > 0 && l.height > 0, "the image size ", size_str(w, h), " is smaller than ",
+               kMultiple, " pixels a side");
+  l.target_tokens = (l.width / 16) * (l.height / 16);
+  l.transformer = c.transformer;
+  return l;
+}
 
 void qwen21_check_pipeline(const PipelineFolder& p) {
   (void)check_components(p);
