@@ -32,7 +32,8 @@ class Model;
 }
 namespace flowkv::qwen {
 class Model21;
-}
+struct Config21;
+}  // namespace flowkv::qwen
 
 namespace flowkv::families {
 
@@ -138,6 +139,10 @@ void qwen21_check_pipeline(const PipelineFolder& p);
 GenerateResult qwen21_generate(const PipelineFolder& p, const GenerateRequest& req,
                                const GenerateProgress& progress);
 GenerateLayout qwen21_generate_layout(const PipelineFolder& p, const GenerateRequest& req);
+// A released-shape Qwen-Image-2.1 pipeline of zero weights: the transformer, Qwen3-VL-8B, the
+// released VAE, the processor's preprocessor_config.json (copy a tokenizer.json in), scheduler.
+void qwen21_write_zero_pipeline(const qwen::Config21& transformer, DType dtype,
+                                const std::string& dir);
 
 // Each family's registration (one file per family).
 Family flux2_family();

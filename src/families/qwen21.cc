@@ -268,6 +268,11 @@ Family qwen21_family() {
   };
   f.write_builtin = write_builtin;
   f.write_zeros = [](const std::string& name, const std::string& dtype, const std::string& dir) {
+    if (name.ends_with("-pipeline")) {  // a whole pipeline folder
+      std::string described;
+      const qwen::Config21 c = config_of_model(name.substr(0, name.size() - 9), &described);
+      return qwen21_write_zero_pipeline(c, parse_dtype_option(dtype).compute, dir);
+    }
     std::string described;
     const qwen::Config21 c = config_of_model(name, &described);
     write_zero_folder(dir, c.to_json(), qwen::weight_table(c), parse_dtype_option(dtype).compute);

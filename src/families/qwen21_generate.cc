@@ -19,12 +19,21 @@
 #include "flowkv/error.h"
 #include "flowkv/generate.h"
 #include "flowkv/model.h"
+#include "io/atomic_file.h"
+#include "io/checkpoint.h"
 #include "io/image.h"
 #include "io/pipeline_folder.h"
+#include "models/qwen3/weights.h"
+#include "models/qwen3_vl/config.h"
 #include "models/qwen3_vl/prompt_encoder.h"
+#include "models/qwen3_vl/vision.h"
+#include "models/qwen3_vl/vision_config.h"
+#include "models/qwen3_vl/vision_weights.h"
 #include "models/qwen_image/config.h"
+#include "models/qwen_image/weights.h"
 #include "models/qwen_image21_vae/image_processor.h"
 #include "models/qwen_image21_vae/model.h"
+#include "models/qwen_image21_vae/weights.h"
 #include "pipeline/condition_image.h"
 #include "pipeline/stages.h"
 
@@ -307,6 +316,86 @@ GenerateLayout qwen21_generate_layout(const PipelineFolder& p, const GenerateReq
   l.target_tokens = (l.width / 16) * (l.height / 16);
   l.transformer = c.transformer;
   return l;
+}
+
+namespace {
+
+// Qwen3-VL-8B as transformers 5.24 saves it (Qwen-Image-2.1's prompt encoder: hidden 4096 =
+// context_in_dim).
+Json qwen3_vl_8b_config() {
+  return Json::parse(R"({
+  "architectures": ["Qwen3VLForConditionalGeneration"], "model_type": "qwen3_vl",
+  "dtype": "bfloat16", "tie_word_embeddings": false,
+  "image_token_id": 151655, "video_token_id": 151656,
+  "vision_start_token_id": 151652, "vision_end_token_id": 151653,
+  "text_config": {
+    "model_type": "qwen3_vl_text", "attention_bias": false, "head_dim": 128,
+    "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 12288,
+    "max_position_embeddings": 262144, "num_attention_heads": 32, "num_hidden_layers": 36,
+    "num_key_value_heads": 8, "rms_norm_eps": 1e-06, "vocab_size": 151936,
+    "rope_parameters": {"mrope_interleaved": true, "mrope_section": [24, 20, 20],
+                        "rope_theta": 5000000.0, "rope_type": "default"}},
+  "vision_config": {
+    "model_type": "qwen3_vl_vision", "deepstack_visual_indexes": [8, 16, 24], "depth": 27,
+    "hidden_act": "gelu_pytorch_tanh", "hidden_size": 1152, "in_channels": 3,
+    "intermediate_size": 4304, "num_heads": 16, "num_position_embeddings": 2304,
+    "out_hidden_size": 4096, "patch_size": 16, "spatial_merge_size": 2,
+    "temporal_patch_size": 2}})");
+}
+
+// The released Qwen3-VL preprocessor_config.json.
+Json qwen3_vl_preprocessor_config() {
+  return Json::parse(R"({
+  "image_processor_type": "Qwen2VLImageProcessor", "do_convert_rgb": true,
+  "do_normalize": true, "do_rescale": true, "do_resize": true,
+  "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "merge_size": 2,
+  "patch_size": 16, "resample": 3, "rescale_factor": 0.00392156862745098,
+  "size": {"longest_edge": 16777216, "shortest_edge": 65536}, "temporal_patch_size": 2})");
+}
+
+}  // namespace
+
+void qwen21_write_zero_pipeline(const qwen::Config21& transformer, DType dtype,
+                                const std::string& dir) {
+  const fs::path d(dir);
+  write_zero_folder((d / "transformer").string(), transformer.to_json(),
+                    qwen::weight_table(transformer), dtype);
+  const Json te = qwen3_vl_8b_config();
+  const qwen3_vl::Config tc = qwen3_vl::Config::from_json(te, "Qwen3-VL-8B config");
+  std::vector<ExpectedTensor> table = qwen3::weight_table(tc.text, "model.language_model.");
+  for (ExpectedTensor& e : table) {  // untied: the head is lm_head.weight, at the top level
+    if (e.name == "model.language_model.lm_head.weight") e.name = "lm_head.weight";
+  }
+  for (const ExpectedTensor& e : qwen3_vl::vision_weight_table(
+           qwen3_vl::VisionConfig::from_model_config(te, "Qwen3-VL-8B config"),
+           qwen3_vl::kVisionPrefix)) {
+    table.push_back(e);
+  }
+  write_zero_folder((d / "text_encoder").string(), te, table, dtype);
+  const qwen21_vae::Config vae;  // the class defaults are the released VAE
+  write_zero_folder((d / "vae").string(), vae.to_json(), qwen21_vae::weight_table(vae), dtype);
+  fs::create_directories(d / "processor");
+  write_file_atomic((d / "processor/preprocessor_config.json").string(),
+                    qwen3_vl_preprocessor_config().dump(2));
+  fs::create_directories(d / "scheduler");
+  const Json sched = {{"_class_name", "FlowMatchEulerDiscreteScheduler"},
+                      {"num_train_timesteps", 1000},
+                      {"shift", 1.0},
+                      {"use_dynamic_shifting", true},
+                      {"base_shift", 0.5},
+                      {"max_shift", 0.9},
+                      {"base_image_seq_len", 256},
+                      {"max_image_seq_len", 8192},
+                      {"shift_terminal", 0.02},
+                      {"time_shift_type", "exponential"}};
+  write_file_atomic((d / "scheduler/scheduler_config.json").string(), sched.dump(2));
+  const Json index = {{"_class_name", "QwenImage21Pipeline"},
+                      {"processor", {"transformers", "Qwen3VLProcessor"}},
+                      {"scheduler", {"diffusers", "FlowMatchEulerDiscreteScheduler"}},
+                      {"text_encoder", {"transformers", "Qwen3VLForConditionalGeneration"}},
+                      {"transformer", {"diffusers", "QwenImage21Transformer2DModel"}},
+                      {"vae", {"diffusers", "AutoencoderKLQwenImage21"}}};
+  write_file_atomic((d / "model_index.json").string(), index.dump(2));
 }
 
 void qwen21_check_pipeline(const PipelineFolder& p) {
