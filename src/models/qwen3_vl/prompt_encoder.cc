@@ -77,8 +77,8 @@ PromptEncoder PromptEncoder::load(const std::string& text_encoder_dir,
   VisionTower vision = VisionTower::load(text_encoder_dir);
   TextModel text = TextModel::load(text_encoder_dir);
   PromptEncoder e;
-  e.impl_ = std::make_shared<const Impl>(
-      Impl{std::move(parts), std::move(vision), std::move(text)});
+  e.impl_ =
+      std::make_shared<const Impl>(Impl{std::move(parts), std::move(vision), std::move(text)});
   return e;
 }
 
@@ -94,8 +94,8 @@ PromptEncoding PromptEncoder::encode(const ExecContext& ctx, const std::string& 
     vo.embeds = std::move(out.embeds);
     vo.deepstack = std::move(out.deepstack);
   }
-  const PromptEmbeds e = prompt_embeds(ctx, m.text, m.parts.tokenizer, prompt, grids,
-                                       images.empty() ? nullptr : &vo);
+  const PromptEmbeds e =
+      prompt_embeds(ctx, m.text, m.parts.tokenizer, prompt, grids, images.empty() ? nullptr : &vo);
   PromptEncoding r;
   const int64_t L = e.embeds.dim(0), H = e.embeds.dim(1);
   r.embeds = Tensor::empty({1, L, H});
