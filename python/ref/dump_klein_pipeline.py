@@ -74,8 +74,11 @@ STEPS = 3
 HEIGHT, WIDTH = 48, 64  # output pixels (multiples of 16)
 
 
-def tiny_tokenizer(real_dir: str, out_dir: str):
-    """The real Qwen3 tokenizer cut to VOCAB ranks, special tokens renumbered after them."""
+def tiny_tokenizer(real_dir: str, out_dir: str, vocab_size: int = VOCAB,
+                   drop_chat_template: bool = False):
+    """The real Qwen3 tokenizer cut to vocab_size ranks, special tokens renumbered after them
+    (drop_chat_template: without the Qwen3 chat template, for a processor that carries its own)."""
+    VOCAB = vocab_size  # noqa: N806 (the module constant's role, per call)
     tok = json.load(open(os.path.join(real_dir, "tokenizer.json"), encoding="utf-8"))
     cfg = json.load(open(os.path.join(real_dir, "tokenizer_config.json"), encoding="utf-8"))
     vocab = {t: i for t, i in tok["model"]["vocab"].items() if i < VOCAB}
@@ -91,6 +94,8 @@ def tiny_tokenizer(real_dir: str, out_dir: str):
         remap[t["id"]] = VOCAB + k
         t["id"] = VOCAB + k
     cfg["added_tokens_decoder"] = {str(remap[int(i)]): v for i, v in cfg["added_tokens_decoder"].items()}
+    if drop_chat_template:
+        cfg.pop("chat_template", None)
     os.makedirs(out_dir, exist_ok=True)
     json.dump(tok, open(os.path.join(out_dir, "tokenizer.json"), "w", encoding="utf-8"),
               ensure_ascii=False)

@@ -53,6 +53,8 @@ import os
 import numpy as np
 import PIL.Image
 import torch
+
+import dump_klein_pipeline
 from transformers import (AutoTokenizer, Qwen3VLConfig, Qwen3VLForConditionalGeneration,
                           Qwen3VLProcessor)
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
@@ -104,29 +106,9 @@ PROMPT_SPECIAL = "a <|im_start|>cat<|vision_start|> x<|endoftext|> {} <think>"
 
 
 def tiny_tokenizer(real_dir: str, out_dir: str):
-    """The real Qwen3 tokenizer cut to VOCAB ranks, special tokens renumbered after them."""
-    tok = json.load(open(os.path.join(real_dir, "tokenizer.json"), encoding="utf-8"))
-    cfg = json.load(open(os.path.join(real_dir, "tokenizer_config.json"), encoding="utf-8"))
-    vocab = {t: i for t, i in tok["model"]["vocab"].items() if i < VOCAB}
-    merges = []
-    for m in tok["model"]["merges"]:
-        a, b = m.split(" ", 1) if isinstance(m, str) else m
-        if a in vocab and b in vocab and a + b in vocab:
-            merges.append(m)
-    tok["model"]["vocab"] = vocab
-    tok["model"]["merges"] = merges
-    remap = {}
-    for k, t in enumerate(sorted(tok["added_tokens"], key=lambda t: t["id"])):
-        remap[t["id"]] = VOCAB + k
-        t["id"] = VOCAB + k
-    cfg["added_tokens_decoder"] = {str(remap[int(i)]): v for i, v in cfg["added_tokens_decoder"].items()}
-    cfg.pop("chat_template", None)  # the processor carries the Qwen3-VL one
-    os.makedirs(out_dir, exist_ok=True)
-    json.dump(tok, open(os.path.join(out_dir, "tokenizer.json"), "w", encoding="utf-8"),
-              ensure_ascii=False)
-    json.dump(cfg, open(os.path.join(out_dir, "tokenizer_config.json"), "w", encoding="utf-8"),
-              ensure_ascii=False, indent=1)
-    return AutoTokenizer.from_pretrained(out_dir), VOCAB + len(remap)
+    """The real Qwen3 tokenizer cut to VOCAB ranks, without its chat template (the processor
+    carries the Qwen3-VL one)."""
+    return dump_klein_pipeline.tiny_tokenizer(real_dir, out_dir, VOCAB, drop_chat_template=True)
 
 
 def build_model(tokenizer, vocab_size):
