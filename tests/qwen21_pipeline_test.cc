@@ -234,6 +234,10 @@ TEST(Qwen21Pipeline, BadRequestsAreClearErrors) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("aspect ratio"), std::string::npos) << e.what();
   }
+  // More condition images than a request takes: refused before any weight is read.
+  r = request("t2i");
+  r.references.assign(limits::kMaxReferences + 1, dir() + "/cond_rgb.png");
+  EXPECT_THROW(generate(pipe(), r), Error);
   // A missing condition image file.
   r = request("t2i");
   r.references = {dir() + "/missing.png"};

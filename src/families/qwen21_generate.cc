@@ -18,6 +18,7 @@
 #include "families/family.h"
 #include "flowkv/error.h"
 #include "flowkv/generate.h"
+#include "flowkv/limits.h"
 #include "flowkv/model.h"
 #include "io/atomic_file.h"
 #include "io/checkpoint.h"
@@ -146,6 +147,9 @@ GenerateResult generate_qwen21(const PipelineFolder& p, const GenerateRequest& r
   // diffusers: guidance runs when true_cfg_scale > 1 and a negative prompt is given.
   const bool cfg = req.cfg_scale > 1.0f && req.has_negative_prompt;
 
+  FLOWKV_CHECK(static_cast<int64_t>(req.references.size()) <= limits::kMaxReferences,
+               req.references.size(), " condition images; at most ", limits::kMaxReferences,
+               " are taken");
   // Step 1 of __call__: the condition images at their pipeline size (RGBA), read before any
   // weight so a bad file fails first.
   std::vector<Image> conds;
