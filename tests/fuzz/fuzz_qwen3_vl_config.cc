@@ -24,7 +24,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using flowkv::qwen3_vl::ImageProcessorConfig;
   flowkv::fuzz::expect_only_flowkv_errors([&] {
     const auto c = ImageProcessorConfig::from_json(j, "preprocessor_config.json");
-    for (const auto& [w, h] : {std::pair<int64_t, int64_t>{1, 1}, {1248, 864}, {37, 4000}}) {
+    for (const auto& size : {std::pair<int64_t, int64_t>{1, 1}, {1248, 864}, {37, 4000}}) {
+      // Not a structured binding: clang before 16 cannot capture one in a lambda.
+      const int64_t w = size.first, h = size.second;
       flowkv::fuzz::expect_only_flowkv_errors([&] {
         const auto g = flowkv::qwen3_vl::image_grid(c, w, h);
         const int64_t n = flowkv::qwen3_vl::image_token_count(c, w, h);
