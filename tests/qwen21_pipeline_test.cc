@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 
 #include "core/arena.h"
 #include "flowkv/error.h"
@@ -242,6 +243,48 @@ TEST(Qwen21Pipeline, BadRequestsAreClearErrors) {
   r = request("t2i");
   r.references = {dir() + "/missing.png"};
   EXPECT_THROW(generate(pipe(), r), Error);
+}
+
+// model_index.json's sample_sigmas fix the schedule and its length, as in diffusers; a --steps
+// that disagrees is refused before any work.
+TEST(Qwen21Pipeline, SampleSigmasSetTheSteps) {
+  test::TempDir tmp;
+  const std::filesystem::path copy = tmp.path() / "pipeline";
+  std::filesystem::copy(pipe(), copy, std::filesystem::copy_options::recursive);
+  Json index = read_json_file((copy / "model_index.json").string());
+  index["sample_sigmas"] = {1.0, 0.5};
+  test::write_file((copy / "model_index.json").string(), index.dump(2));
+  GenerateRequest r = request("t2i");
+  r.steps = 0;
+  const GenerateResult res = generate(copy.string(), r);
+  EXPECT_NE(res.parameters.find("Steps: 2"), std::string::npos) << res.parameters;
+  r.steps = 3;
+  try {
+    generate(copy.string(), r);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sample_sigmas"), std::string::npos) << e.what();
+  }
+}
+
+// The released processor's min_pixels (65,536) resizes a 64x64 condition image up again: its
+// prompt slots would no longer cover its latents, so the request is refused before any weight.
+TEST(Qwen21Pipeline, ProcessorResizingAConditionImageIsRefused) {
+  test::TempDir tmp;
+  const std::filesystem::path copy = tmp.path() / "pipeline";
+  std::filesystem::copy(pipe(), copy, std::filesystem::copy_options::recursive);
+  const std::string pc = (copy / "processor/preprocessor_config.json").string();
+  Json cfg = read_json_file(pc);
+  cfg["size"]["shortest_edge"] = 65536;
+  test::write_file(pc, cfg.dump(2));
+  GenerateRequest r = request("cfg_cached");
+  r.references = {condition_files()[0]};
+  try {
+    generate(copy.string(), r);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("raise --resolution"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Qwen21Pipeline, InspectListsTheComponents) {

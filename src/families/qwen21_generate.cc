@@ -144,6 +144,13 @@ GenerateResult generate_qwen21(const PipelineFolder& p, const GenerateRequest& r
                                const GenerateProgress& progress) {
   const Components c = check_components(p);
   const int64_t resolution = req.resolution > 0 ? req.resolution : kDefaultResolution;
+  // diffusers ignores num_inference_steps when the pipeline sets sample_sigmas; a step count
+  // that disagrees is refused here, before any work, rather than dropped silently.
+  FLOWKV_CHECK(c.sample_sigmas.empty() || req.steps == 0 ||
+                   req.steps == static_cast<int>(c.sample_sigmas.size()),
+               p.path, "/model_index.json sets ", c.sample_sigmas.size(),
+               " sample_sigmas, which fix the step count; --steps ", req.steps,
+               " differs (leave it out)");
   // diffusers: guidance runs when true_cfg_scale > 1 and a negative prompt is given.
   const bool cfg = req.cfg_scale > 1.0f && req.has_negative_prompt;
 
@@ -156,6 +163,22 @@ GenerateResult generate_qwen21(const PipelineFolder& p, const GenerateRequest& r
   for (const std::string& path : req.references) {
     conds.push_back(qwen21_condition_image(load_image(path, PixelFormat::kRGBA), resolution,
                                            "condition image " + path));
+  }
+  if (!conds.empty()) {
+    // Each image's prompt slots must cover its latents 2x2: checked from the processor config
+    // before any weight is read (a min_pixels above the image's size would resize it again).
+    std::vector<std::pair<int64_t, int64_t>> sizes;
+    for (const Image& im : conds) sizes.emplace_back(im.width, im.height);
+    const qwen3_vl::PromptCounts pc =
+        qwen3_vl::prompt_counts(c.text_encoder, c.processor, req.prompt, sizes);
+    for (size_t i = 0; i < conds.size(); ++i) {
+      const int64_t tokens = (conds[i].width / 16) * (conds[i].height / 16);
+      FLOWKV_CHECK(pc.image_slots[i] * kSlotTokens == tokens, "condition image ", req.references[i],
+                   ": at ", size_str(conds[i].width, conds[i].height), " the processor makes ",
+                   pc.image_slots[i], " prompt slots for ", tokens,
+                   " latent tokens (4 each expected): its min_pixels / max_pixels "
+                   "(preprocessor_config.json) resize the image again; raise --resolution");
+    }
   }
   int64_t want_w = req.width, want_h = req.height;
   if (!conds.empty()) {  // the last image's calculate_dimensions, unless given
@@ -243,10 +266,6 @@ GenerateResult generate_qwen21(const PipelineFolder& p, const GenerateRequest& r
     if (c.sample_sigmas.empty()) {
       o.steps = steps_default;
     } else {
-      FLOWKV_CHECK(req.steps == 0 || req.steps == static_cast<int>(c.sample_sigmas.size()), p.path,
-                   "/model_index.json sets ", c.sample_sigmas.size(),
-                   " sample_sigmas, which fix the step count; --steps ", req.steps,
-                   " differs (leave it out)");
       o.sigmas = c.sample_sigmas;
     }
     o.mode = req.kv_cache ? KVMode::kCached : KVMode::kRecompute;

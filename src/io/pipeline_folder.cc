@@ -31,6 +31,10 @@ PipelineFolder parse_pipeline_index(const Json& index, const std::string& dir) {
     p.class_name = p.index["_class_name"].get<std::string>();
     for (const auto& [name, v] : p.index.items()) {
       if (name.empty() || name[0] == '_' || !v.is_array()) continue;  // options, metadata
+      // A list of numbers is a pipeline option too (QwenImage21Pipeline's sample_sigmas).
+      bool numbers = !v.empty();
+      for (const Json& e : v) numbers = numbers && e.is_number();
+      if (numbers) continue;
       FLOWKV_CHECK(v.size() == 2, file, ": component '", name, "' must be [library, class], got ",
                    v.size(), " entries");
       if (v[0].is_null() && v[1].is_null()) continue;  // a component the pipeline runs without
