@@ -15,6 +15,7 @@
 #include "flowkv/error.h"
 #include "flowkv/limits.h"
 #include "io/checkpoint.h"
+#include "models/common/vae_files.h"
 #include "models/qwen_image21_vae/weights.h"
 #include "ops/attention.h"
 #include "ops/conv.h"
@@ -190,31 +191,14 @@ Vae::~Vae() = default;
 Vae Vae::from_tensors(const Config& c, const std::map<std::string, Tensor>& tensors,
                       const std::string& what) {
   c.validate(what);
-  std::map<std::string, TensorInfo> infos;
-  for (const auto& [name, t] : tensors) {
-    TensorInfo i;
-    i.name = name;
-    i.shape = t.shape();
-    i.dtype = t.dtype();
-    i.dtype_known = true;
-    i.dtype_name = "F32";
-    infos[name] = i;
-  }
-  const auto problems = check_weights(infos, c);
+  const auto problems = check_weights(tensor_infos(tensors), c);
   FLOWKV_CHECK(problems.empty(),
                format_problems(what + " do not match the Qwen-Image-2.1 VAE config", problems));
   return Vae(c, build(c, [&](const std::string& n) { return tensors.at(n); }));
 }
 
 Vae Vae::load(const std::string& path) {
-  // A pipeline folder holds its VAE in vae/.
-  namespace fs = std::filesystem;
-  std::string dir = path;
-  std::error_code ec;
-  if (!fs::exists(fs::path(path) / "config.json", ec) &&
-      fs::exists(fs::path(path) / "vae" / "config.json", ec)) {
-    dir = (fs::path(path) / "vae").string();
-  }
+  const std::string dir = vae_folder(path);
   const CheckpointScan scan = scan_checkpoint(dir);
   FLOWKV_CHECK(scan.config.has_value() && !scan.single_file, dir,
                ": expected a diffusers VAE folder (config.json and safetensors)");
