@@ -10,6 +10,9 @@
 #include <utility>
 #include <vector>
 
+#include "flowkv/error.h"
+#include "flowkv/store.h"
+
 namespace flowkv {
 
 struct GenerateRequest {
@@ -58,6 +61,41 @@ struct GenerateProgress {
   std::function<void(const StageReport& report)> end;
 };
 
+// One denoising step as it ends, for a caller that shows or serves progress.
+struct StepEvent {
+  int step = 0, steps = 0;  // step counts from 1
+  double seconds = 0;       // this step's wall time (all CFG branches)
+  // Whether the conditioning's K/V came from a cache at this step: the request's own exact
+  // cache (steps after the first), or the reference store (any step, the first included).
+  bool conditioning_cached = false;
+  bool from_store = false;  // the reference store served them
+};
+
+struct GenerateResult;
+
+// How a caller steers a request beyond its parameters (a server; the CLI over many prompts).
+struct GenerateControl {
+  // Polled before each stage and each denoising step: returning true stops the request with
+  // flowkv::Cancelled within one step, and everything it allocated is released.
+  std::function<bool()> cancelled;
+  // Called after each denoising step.
+  std::function<void(const StepEvent& event)> on_step;
+  // Previews of the current x0 estimate (latents - sigma * velocity), decoded by the VAE:
+  // `previews` of them (0-3, as OpenAI's partial_images), at evenly spaced steps before the
+  // last; each arrives as a whole picture (pixels, size; stages and parameters empty).
+  int previews = 0;
+  std::function<void(int index, const StepEvent& at, const GenerateResult& preview)> on_preview;
+  // Shared across requests: conditioning images' latents, prompt embeddings and the
+  // conditioning K/V (store.h). nullptr: every request computes its own.
+  std::shared_ptr<ReferenceStore> store;
+};
+
+// A request stopped by GenerateControl::cancelled.
+class Cancelled : public Error {
+ public:
+  using Error::Error;
+};
+
 struct GenerateResult {
   int64_t width = 0, height = 0;
   int64_t channels = 3;         // 3: RGB; 4: RGBA (Qwen-Image-2.1's VAE decodes alpha)
@@ -66,10 +104,15 @@ struct GenerateResult {
   std::string parameters;
   std::vector<StageReport> stages;
   bool prompt_truncated = false;
+  // The reference store's keys this request used (hex SHA-256), e.g. for a response header
+  // that lets a router send requests with the same references to the same server; and what it
+  // found there.
+  std::vector<std::string> store_keys;
+  int64_t store_hits = 0, store_misses = 0;
 };
 
 GenerateResult generate(const std::string& pipeline_dir, const GenerateRequest& request,
-                        const GenerateProgress& progress = {});
+                        const GenerateProgress& progress = {}, const GenerateControl& control = {});
 
 // A request's token layout, from the pipeline folder's tokenizer (and processor) and the
 // images' sizes, reading no weights: what the transformer will see, for predict and bench.

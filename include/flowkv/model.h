@@ -93,6 +93,8 @@ struct DenoiseOptions {
   // (see step_cache_policies()). Empty: none.
   std::vector<std::string> step_caches;
   std::function<void(int step, int steps)> on_step;  // progress, after each step
+  // Polled before each step: true stops the loop with flowkv::Cancelled (generate.h).
+  std::function<bool()> cancelled;
 };
 
 struct DenoiseResult {

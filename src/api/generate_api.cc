@@ -28,9 +28,9 @@ std::pair<PipelineFolder, const families::Family*> pipeline_family(const std::st
 }  // namespace
 
 GenerateResult generate(const std::string& pipeline_dir, const GenerateRequest& request,
-                        const GenerateProgress& progress) {
+                        const GenerateProgress& progress, const GenerateControl& control) {
   const auto [p, family] = pipeline_family(pipeline_dir);
-  return family->generate(p, request, progress);
+  return family->generate(p, request, progress, control);
 }
 
 GenerateLayout generate_layout(const std::string& pipeline_dir, const GenerateRequest& request) {

@@ -106,7 +106,7 @@ struct Family {
   // flowkv::Error naming the mismatch); inspect reports it, generate refuses with it.
   std::function<void(const PipelineFolder& pipeline)> check_pipeline;
   std::function<GenerateResult(const PipelineFolder& pipeline, const GenerateRequest& request,
-                               const GenerateProgress& progress)>
+                               const GenerateProgress& progress, const GenerateControl& control)>
       generate;
   // With generate: the request's token layout, from the tokenizer and the images' sizes only.
   std::function<GenerateLayout(const PipelineFolder& pipeline, const GenerateRequest& request)>
@@ -131,13 +131,13 @@ std::optional<Json> config_of(const std::string& path);
 bool klein_runs_pipeline(const std::string& pipeline_class);
 void klein_check_pipeline(const PipelineFolder& p);
 GenerateResult flux2_generate(const PipelineFolder& p, const GenerateRequest& req,
-                              const GenerateProgress& progress);
+                              const GenerateProgress& progress, const GenerateControl& control);
 GenerateLayout klein_generate_layout(const PipelineFolder& p, const GenerateRequest& req);
 // Qwen-Image-2.1's whole pipeline (families/qwen21_generate.cc).
 bool qwen21_runs_pipeline(const std::string& pipeline_class);
 void qwen21_check_pipeline(const PipelineFolder& p);
 GenerateResult qwen21_generate(const PipelineFolder& p, const GenerateRequest& req,
-                               const GenerateProgress& progress);
+                               const GenerateProgress& progress, const GenerateControl& control);
 GenerateLayout qwen21_generate_layout(const PipelineFolder& p, const GenerateRequest& req);
 // A released-shape Qwen-Image-2.1 pipeline of zero weights: the transformer, Qwen3-VL-8B, the
 // released VAE, the processor's preprocessor_config.json (copy a tokenizer.json in), scheduler.

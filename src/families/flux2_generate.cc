@@ -176,11 +176,11 @@ void check_request(const PipelineFolder& p, const GenerateRequest& req) {
 }
 
 GenerateResult generate_klein(const PipelineFolder& p, const GenerateRequest& req,
-                              const GenerateProgress& progress) {
+                              const GenerateProgress& progress, const GenerateControl& control) {
   check_request(p, req);
   const Components c = check_components(p);
   GenerateResult res;
-  pipeline::StageRunner stages(progress, res.stages);
+  pipeline::StageRunner stages(progress, control, res.stages);
   const Tensor embeds = stages.run("prompt", 3, [&](pipeline::Stage& s) {
     return encode_prompt(c, req, s, &res.prompt_truncated);
   });
@@ -211,15 +211,23 @@ GenerateResult generate_klein(const PipelineFolder& p, const GenerateRequest& re
     o.steps = steps;
     o.mode = req.kv_cache ? KVMode::kCached : KVMode::kRecompute;
     o.step_caches = req.step_caches;
+    o.cancelled = control.cancelled;
     // Klein KV's references are computed at step 1 and read from the cache after it.
     const bool refs_cached =
         req.kv_cache && !refs.empty() && p.class_name == "Flux2KleinKVPipeline";
     auto last = std::chrono::steady_clock::now();
     o.on_step = [&](int step, int steps) {
       const auto now = std::chrono::steady_clock::now();
+      const double seconds = std::chrono::duration<double>(now - last).count();
       char secs[32];
-      std::snprintf(secs, sizeof secs, "%.2f s", std::chrono::duration<double>(now - last).count());
+      std::snprintf(secs, sizeof secs, "%.2f s", seconds);
       last = now;
+      if (control.on_step) {
+        control.on_step({.step = step,
+                         .steps = steps,
+                         .seconds = seconds,
+                         .conditioning_cached = refs_cached && step > 1});
+      }
       const std::string cache = refs.empty()   ? ""
                                 : !refs_cached ? ", references computed"
                                 : step == 1    ? ", references computed, K/V stored"
@@ -282,8 +290,8 @@ bool klein_runs_pipeline(const std::string& pipeline_class) {
 }
 
 GenerateResult flux2_generate(const PipelineFolder& p, const GenerateRequest& req,
-                              const GenerateProgress& progress) {
-  return generate_klein(p, req, progress);
+                              const GenerateProgress& progress, const GenerateControl& control) {
+  return generate_klein(p, req, progress, control);
 }
 
 }  // namespace flowkv::families

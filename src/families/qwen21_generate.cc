@@ -141,7 +141,7 @@ std::string parameters_text(const GenerateRequest& req, const PipelineFolder& p,
 }
 
 GenerateResult generate_qwen21(const PipelineFolder& p, const GenerateRequest& req,
-                               const GenerateProgress& progress) {
+                               const GenerateProgress& progress, const GenerateControl& control) {
   const Components c = check_components(p);
   const int64_t resolution = req.resolution > 0 ? req.resolution : kDefaultResolution;
   // diffusers ignores num_inference_steps when the pipeline sets sample_sigmas; a step count
@@ -193,7 +193,7 @@ GenerateResult generate_qwen21(const PipelineFolder& p, const GenerateRequest& r
 
   GenerateResult res;
   res.width = gw * (kMultiple / 2), res.height = gh * (kMultiple / 2);
-  pipeline::StageRunner stages(progress, res.stages);
+  pipeline::StageRunner stages(progress, control, res.stages);
 
   std::vector<Image> vl_images;  // what the prompt encoder sees: alpha over white
   for (const Image& im : conds) vl_images.push_back(over_white(im));
@@ -270,13 +270,21 @@ GenerateResult generate_qwen21(const PipelineFolder& p, const GenerateRequest& r
     }
     o.mode = req.kv_cache ? KVMode::kCached : KVMode::kRecompute;
     o.step_caches = req.step_caches;
+    o.cancelled = control.cancelled;
     const bool cached = req.kv_cache && c.transformer_cfg.causal_condition;
     auto last = std::chrono::steady_clock::now();
     o.on_step = [&](int step, int n) {
       const auto now = std::chrono::steady_clock::now();
+      const double seconds = std::chrono::duration<double>(now - last).count();
       char secs[32];
-      std::snprintf(secs, sizeof secs, "%.2f s", std::chrono::duration<double>(now - last).count());
+      std::snprintf(secs, sizeof secs, "%.2f s", seconds);
       last = now;
+      if (control.on_step) {
+        control.on_step({.step = step,
+                         .steps = n,
+                         .seconds = seconds,
+                         .conditioning_cached = cached && step > 1});
+      }
       const std::string cache = !cached     ? ", prefix computed"
                                 : step == 1 ? ", prefix computed, K/V stored"
                                             : ", prefix from the KV cache";
@@ -430,8 +438,8 @@ bool qwen21_runs_pipeline(const std::string& pipeline_class) {
 }
 
 GenerateResult qwen21_generate(const PipelineFolder& p, const GenerateRequest& req,
-                               const GenerateProgress& progress) {
-  return generate_qwen21(p, req, progress);
+                               const GenerateProgress& progress, const GenerateControl& control) {
+  return generate_qwen21(p, req, progress, control);
 }
 
 }  // namespace flowkv::families

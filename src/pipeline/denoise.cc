@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "flowkv/error.h"
+#include "flowkv/generate.h"
 #include "flowkv/tensor.h"
 #include "pipeline/request_limits.h"
 #include "pipeline/step_caches.h"
@@ -81,6 +82,10 @@ LoopResult run_denoise(const ExecContext& ctx, DenoiseAdapter& a, const LoopOpti
   }
   std::vector<float> v(static_cast<size_t>(n));
   for (int k = 0; k < steps; ++k) {
+    if (o.cancelled && o.cancelled()) {
+      throw Cancelled("cancelled before step " + std::to_string(k + 1) + " of " +
+                      std::to_string(steps));
+    }
     const size_t ks = static_cast<size_t>(k);
     StepCall call{.step = k,
                   .steps = steps,

@@ -79,6 +79,7 @@ struct LoopOptions {
   int64_t kv_budget_bytes = -1;
   std::vector<std::string> step_caches;
   std::function<void(int step, int steps)> on_step;
+  std::function<bool()> cancelled;  // polled before each step: true throws flowkv::Cancelled
   // Sees every step's velocities (uncond nullptr without CFG), the guided velocity and the
   // latents after the update (tests).
   std::function<void(int step, const float* cond, const float* uncond, const float* v,
@@ -106,6 +107,7 @@ inline LoopOptions loop_options(const DenoiseOptions& o) {
   l.kv_budget_bytes = o.kv_budget_bytes;
   l.step_caches = o.step_caches;
   l.on_step = o.on_step;
+  l.cancelled = o.cancelled;
   return l;
 }
 

@@ -5,6 +5,7 @@
 namespace flowkv::pipeline {
 
 void StageRunner::begin(const std::string& name, int64_t units) {
+  if (control_.cancelled && control_.cancelled()) throw Cancelled("cancelled before " + name);
   reset_peak_rss();  // the stage's own peak (where the kernel allows; else the process's)
   current_ = {.name = name};
   start_ = std::chrono::steady_clock::now();

@@ -26,8 +26,9 @@ class Stage {
 
 class StageRunner {
  public:
-  StageRunner(const GenerateProgress& progress, std::vector<StageReport>& reports)
-      : progress_(progress), reports_(reports) {}
+  StageRunner(const GenerateProgress& progress, const GenerateControl& control,
+              std::vector<StageReport>& reports)
+      : progress_(progress), control_(control), reports_(reports) {}
 
   // Runs fn(Stage&) as the stage `name` of `units` units; its report is appended (also when
   // fn throws: the error then passes on, the report says how far it got).
@@ -49,6 +50,7 @@ class StageRunner {
   void end(const Stage& stage);
 
   const GenerateProgress& progress_;
+  const GenerateControl& control_;
   std::vector<StageReport>& reports_;
   StageReport current_;
   std::chrono::steady_clock::time_point start_;
