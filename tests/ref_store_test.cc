@@ -408,6 +408,9 @@ TEST(StoreFormat, RefusesDamagedAndForeignBytesNamingTheFile) {
   const Key other = key_of("latents", 2);
   refuse(good, {"dir/latents-x.fkv", "renamed or copied", other.hex(), k.hex()}, other);
   refuse(good, {"renamed or copied"}, Key{"kv", k.digest});
+  std::string kind = good;
+  kind[13] = 'L';  // "Latents"
+  refuse(kind, {"the kind is not 1 to 32 characters"}, Key{"Latents", k.digest});
   std::string version = good;
   version[8] = 2;
   refuse(version, {"format version 2", "reads version 1"}, k);
@@ -620,6 +623,40 @@ TEST(StoreDisk, AFullDiskDoesNotFailTheRequest) {
   EXPECT_NE(s.last_disk_error().find("File too large"), std::string::npos);
   // Neither the failed file nor its temporary is left.
   EXPECT_EQ(d.list(), std::vector<std::string>{disk::file_name(key_of("kv", 1))});
+}
+
+// Threads sharing a store whose RAM holds few entries: most lookups go to the disk tier while
+// other threads write it; every handle holds its key's value and no file is ever refused.
+TEST(StoreDisk, ConcurrentUseThroughTheDiskTierStaysConsistent) {
+  TempDir d;
+  constexpr int kThreads = 4, kOps = 150, kKeys = 12;
+  Store s(with_disk(d.path().string(), int64_t{1} << 30, 3 * 256));
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int op = 0; op < kOps; ++op) {
+        const int i = (op * 5 + t * 3) % kKeys;
+        const Key k = key_of("kv", i);
+        Handle h = s.find(k);
+        if (!h) h = s.insert(k, entry_of(64, float(i)));
+        if (!h || value_of(h) != float(i) || h->tensors[0].f32()[63] != float(i)) ++wrong;
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(wrong.load(), 0);
+  const StoreStats st = s.stats();
+  EXPECT_EQ(st.disk_errors, 0) << s.last_disk_error();
+  EXPECT_EQ(st.hits + st.misses, kThreads * kOps);
+  EXPECT_GT(st.disk_hits, 0);
+  EXPECT_EQ(st.disk_entries, kKeys);
+  EXPECT_LE(st.bytes, 3 * 256);
+  EXPECT_EQ(d.list().size(), size_t{kKeys});  // no temporary left
+  for (int i = 0; i < kKeys; ++i) {
+    const Key k = key_of("kv", i);
+    EXPECT_EQ(deserialize(k, test::read_file(file_of(d, k)), "f").tensors.at(0).f32()[5], i);
+  }
 }
 
 TEST(StoreDisk, FileNamesFollowOnePattern) {

@@ -223,12 +223,13 @@ Entry parse_entry(const Key& key, const uint8_t* data, size_t n, const std::stri
                ": kind length ", kind_len, " is outside 1..", limits::kMaxStoreKindBytes);
   const uint8_t* kind_p = r.take(kind_len, "kind");
   const std::string kind(reinterpret_cast<const char*>(kind_p), kind_len);
+  FLOWKV_CHECK(valid_kind(kind), what, ": the kind is not 1 to ", limits::kMaxStoreKindBytes,
+               " characters of a-z, 0-9 and _");
   Digest digest{};
   std::memcpy(digest.data(), r.take(digest.size(), "key digest"), digest.size());
   if (kind != key.kind || digest != key.digest) {
-    fail(what, ": holds the '", valid_kind(kind) ? kind : "(invalid kind)", "' entry ",
-         Key{kind, digest}.hex(), ", not the '", key.kind, "' entry ", key.hex(),
-         " asked for (a renamed or copied file)");
+    fail(what, ": holds the '", kind, "' entry ", Key{kind, digest}.hex(), ", not the '", key.kind,
+         "' entry ", key.hex(), " asked for (a renamed or copied file)");
   }
   const uint64_t count = r.le(4, "tensor count");
   FLOWKV_CHECK(static_cast<int64_t>(count) <= limits::kMaxStoreTensors, what, ": ", count,
