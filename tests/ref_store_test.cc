@@ -5,6 +5,7 @@
 // budget; a folder that cannot be written does not fail the request).
 #include <gtest/gtest.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <csignal>
@@ -573,6 +574,12 @@ TEST(StoreDisk, EvictsTheOldestFilesOverTheDiskBudget) {
   const auto old_time = fs::last_write_time(file_of(d, key_of("kv", 2))) - std::chrono::hours(1);
   fs::last_write_time(file_of(d, key_of("kv", 2)), old_time);
   test::write_file(d.file("notes.txt"), "keep me");
+  // Temporaries of writers: a dead process's (pid 2^22 + 1 is above Linux's pid_max) is
+  // removed, a live one's (this process's) stays, as does anything that only looks similar.
+  const std::string entry_name = disk::file_name(key_of("kv", 7));
+  test::write_file(d.file(entry_name + ".tmp-flowkv-4194305-0"), "dead writer");
+  test::write_file(d.file(entry_name + ".tmp-flowkv-" + std::to_string(::getpid()) + "-3"), "");
+  test::write_file(d.file("notes.txt.tmp-flowkv-4194305-0"), "not ours");
   test::write_file(d.file("kv-1234.fkv"), "not an entry name");
   test::write_file(d.file("KV-" + key_of("kv", 5).hex() + ".fkv"), "not an entry name");
   Store s(with_disk(d.path().string(), file));
@@ -583,6 +590,9 @@ TEST(StoreDisk, EvictsTheOldestFilesOverTheDiskBudget) {
   EXPECT_TRUE(fs::exists(file_of(d, key_of("kv", 1))));
   EXPECT_TRUE(fs::exists(d.file("notes.txt")));
   EXPECT_TRUE(fs::exists(d.file("kv-1234.fkv")));
+  EXPECT_FALSE(fs::exists(d.file(entry_name + ".tmp-flowkv-4194305-0")));
+  EXPECT_TRUE(fs::exists(d.file(entry_name + ".tmp-flowkv-" + std::to_string(::getpid()) + "-3")));
+  EXPECT_TRUE(fs::exists(d.file("notes.txt.tmp-flowkv-4194305-0")));
   ASSERT_NE(s.find(key_of("kv", 1)), nullptr);
 }
 
@@ -675,6 +685,12 @@ TEST(StoreDisk, FileNamesFollowOnePattern) {
   for (const std::string& bad : bad_names) {
     EXPECT_FALSE(disk::parse_file_name(bad, nullptr)) << bad;
   }
+  EXPECT_EQ(disk::temp_file_pid(disk::file_name(k) + ".tmp-flowkv-123-4"), 123);
+  EXPECT_EQ(disk::temp_file_pid(disk::file_name(k) + ".tmp-flowkv-123-"), -1);
+  EXPECT_EQ(disk::temp_file_pid(disk::file_name(k) + ".tmp-flowkv--4"), -1);
+  EXPECT_EQ(disk::temp_file_pid(disk::file_name(k) + ".tmp-flowkv-1x-4"), -1);
+  EXPECT_EQ(disk::temp_file_pid(disk::file_name(k)), -1);
+  EXPECT_EQ(disk::temp_file_pid("x.fkv.tmp-flowkv-123-4"), -1);
 }
 
 }  // namespace

@@ -11,7 +11,10 @@
 // outlive the store.
 #include "cache/ref_store.h"
 
+#include <signal.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <list>
@@ -252,8 +255,8 @@ struct Store::State {
     last_disk_error = what;
   }
 
-  // Start-up: index the folder's entry files (others are ignored), oldest first by mtime,
-  // and evict down to the budget.
+  // Start-up: index the folder's entry files (others are ignored, but for dead writers'
+  // temporaries), oldest first by mtime, and evict down to the budget.
   void scan() {
     std::error_code ec;
     fs::create_directories(options.disk_dir, ec);  // a failure shows as write errors later
@@ -267,7 +270,16 @@ struct Store::State {
     if (ec) return;
     for (; dir != fs::directory_iterator(); dir.increment(ec)) {
       if (ec) break;
+      std::error_code e0;
       const std::string name = dir->path().filename().string();
+      // A temporary of a writer that died mid-write (its process is gone) would hold disk
+      // space outside the budget for ever: removed. (A store folder shared by several hosts
+      // would need another rule: a pid names a process of this host only.)
+      if (const long pid = disk::temp_file_pid(name);
+          pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) {
+        fs::remove(dir->path(), e0);
+        continue;
+      }
       Key key;
       if (!disk::parse_file_name(name, &key)) continue;
       std::error_code e1, e2, e3;

@@ -176,6 +176,26 @@ bool parse_file_name(std::string_view name, Key* key) {
   return true;
 }
 
+long temp_file_pid(std::string_view name) {
+  static constexpr std::string_view kTemp = ".tmp-flowkv-";  // io/atomic_file.cc's naming
+  const size_t at = name.find(kTemp);
+  if (at == std::string_view::npos || !parse_file_name(name.substr(0, at), nullptr)) return -1;
+  std::string_view rest = name.substr(at + kTemp.size());
+  const size_t dash = rest.find('-');
+  if (dash == 0 || dash == std::string_view::npos || dash > 9) return -1;
+  long pid = 0;
+  for (char c : rest.substr(0, dash)) {
+    if (c < '0' || c > '9') return -1;
+    pid = pid * 10 + (c - '0');
+  }
+  rest.remove_prefix(dash + 1);
+  if (rest.empty()) return -1;
+  for (char c : rest) {
+    if (c < '0' || c > '9') return -1;
+  }
+  return pid;
+}
+
 int64_t file_bytes(const Key& key, const Entry& entry) {
   int64_t n = align_up(static_cast<int64_t>(header_bytes(key, entry).size()), "store file size");
   for (const Tensor& t : entry.tensors) {

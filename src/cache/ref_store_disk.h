@@ -27,6 +27,10 @@ std::string file_name(const Key& key);
 // Whether `name` follows the pattern; the key it names goes to *key.
 bool parse_file_name(std::string_view name, Key* key);
 
+// The writer's process id when `name` is an AtomicFile temporary of an entry file
+// ("<file name>.tmp-flowkv-<pid>-<n>"), else -1.
+long temp_file_pid(std::string_view name);
+
 // Bytes of the entry's file (throws for an entry the format cannot hold: an undefined tensor,
 // too many tensors or dimensions).
 int64_t file_bytes(const Key& key, const Entry& entry);
