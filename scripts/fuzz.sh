@@ -1,46 +1,30 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets of tests/fuzz (clang, ASan + UBSan, in build-fuzz/), replays the
-# saved crash corpus tests/fuzz/regressions/<target>/, then fuzzes every target for a bounded
-# time over seeds made from tests/golden. Exits non-zero on any crash, leak, timeout or OOM.
+# Builds the libFuzzer targets of tests/fuzz in build-san/ (scripts/san_build.sh: clang, ASan +
+# UBSan, the build scripts/sanitize.sh shares, so after it only the targets themselves compile),
+# replays the saved crash corpus tests/fuzz/regressions/<target>/, then fuzzes every target for a
+# bounded time over seeds made from tests/golden. Exits non-zero on any crash, leak, timeout or OOM.
 #   scripts/fuzz.sh [SECONDS_PER_TARGET]     (default 60; 0: build and replay regressions only)
-# FLOWKV_FUZZ_TARGETS="fuzz_a fuzz_b" limits the run to those targets.
-# A new crash is left in build-fuzz/crashes/<target>/; once understood, copy it, named for what
+# The targets are those of tests/fuzz/CMakeLists.txt (FLOWKV_FUZZ_TARGETS, the one list);
+# FLOWKV_FUZZ_TARGETS="fuzz_a fuzz_b" in the environment limits the run to those targets.
+# A new crash is left in build-san/crashes/<target>/; once understood, copy it, named for what
 # it does, into tests/fuzz/regressions/<target>/ so that every later run replays it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-60}
 [[ $seconds =~ ^[0-9]+$ ]] || { echo "usage: scripts/fuzz.sh [SECONDS_PER_TARGET]" >&2; exit 2; }
-
-source scripts/packages.sh
-# The project's own dependencies (as scripts/setup.sh), clang, and its OpenMP runtime (CMake's
-# FindOpenMP needs libomp under clang).
-install_missing "${FLOWKV_PACKAGES[@]}" clang libomp-dev
-# libFuzzer and the sanitizer runtimes ship in libclang-rt-<version>-dev from LLVM 14 on
-# (a Recommends of clang, so absent where recommends are off).
-if [[ $(clang++ -print-file-name=libclang_rt.fuzzer-x86_64.a) != /* ]]; then
-  llvm_version=$(clang++ --version | sed -n 's/.*clang version \([0-9]*\).*/\1/p' | head -1)
-  install_missing "libclang-rt-${llvm_version}-dev"
-fi
+source scripts/san_build.sh
 
 t0=$SECONDS
-cmake -S . -B build-fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" -DFLOWKV_FUZZ=ON >/dev/null
-mkdir -p build-fuzz/logs
-if ! cmake --build build-fuzz --target fuzz_targets -j "${FLOWKV_BUILD_JOBS:-2}" \
-  >build-fuzz/logs/build.log 2>&1; then
-  tail -40 build-fuzz/logs/build.log >&2
-  echo "fuzz: build failed (build-fuzz/logs/build.log)" >&2
-  exit 1
-fi
+san_build fuzz_targets
 echo "fuzz: build took $((SECONDS - t0)) s"
 
-read -r -a targets <<<"${FLOWKV_FUZZ_TARGETS:-fuzz_safetensors_header fuzz_shard_index fuzz_flux2_config fuzz_qwen_config \
-  fuzz_inspect_folder fuzz_gguf fuzz_pipeline_index fuzz_png \
-  fuzz_jpeg fuzz_tokenizer fuzz_tokenizer_json fuzz_qwen3_config \
-  fuzz_flux2_vae_config fuzz_qwen3_vl fuzz_qwen3_vl_config fuzz_qwen21_vae_config \
-  fuzz_store_entry}"
+if [[ -n ${FLOWKV_FUZZ_TARGETS:-} ]]; then
+  read -r -a targets <<<"$FLOWKV_FUZZ_TARGETS"
+else
+  mapfile -t targets <"$san_dir/tests/fuzz/targets.txt"
+fi
 dict=tests/fuzz/json_safetensors.dict
-tests/fuzz/make_seeds.sh build-fuzz/seeds >/dev/null
+tests/fuzz/make_seeds.sh "$san_dir/seeds" >/dev/null
 
 # halt_on_error: the first report ends the run (UBSan would otherwise print and go on).
 export ASAN_OPTIONS=${ASAN_OPTIONS:-halt_on_error=1}
@@ -60,8 +44,8 @@ for t in "${targets[@]}"; do
   ((${#saved[@]})) || continue
   bad=0
   for f in "${saved[@]}"; do
-    log=build-fuzz/logs/$t.regression.log
-    if ! "build-fuzz/tests/fuzz/$t" "${common[@]}" "$f" >"$log" 2>&1; then
+    log=$san_dir/logs/$t.regression.log
+    if ! "$san_dir/tests/fuzz/$t" "${common[@]}" "$f" >"$log" 2>&1; then
       echo "fuzz: $t: saved input $f fails again:" >&2
       crash_report "$log"
       bad=$((bad + 1))
@@ -75,30 +59,31 @@ done
 # (FLOWKV_FUZZ_JOBS), so five one-minute targets take three minutes on two cores.
 fuzz_one() {  # fuzz_one TARGET: runs it; its exit status and seconds go to logs/TARGET.rc
   local t=$1 start=$SECONDS rc=0
-  mkdir -p "build-fuzz/corpus/$t" "build-fuzz/crashes/$t"
-  (cd build-fuzz && exec "tests/fuzz/$t" "${common[@]}" -max_total_time="$seconds" \
+  # (a target without seeds in make_seeds.sh starts from an empty corpus)
+  mkdir -p "$san_dir/corpus/$t" "$san_dir/crashes/$t" "$san_dir/seeds/$t"
+  (cd "$san_dir" && exec "tests/fuzz/$t" "${common[@]}" -max_total_time="$seconds" \
     -dict="../$dict" -print_final_stats=1 -artifact_prefix="crashes/$t/" \
-    "corpus/$t" "seeds/$t") >"build-fuzz/logs/$t.log" 2>&1 || rc=$?
-  echo "$rc $((SECONDS - start))" >"build-fuzz/logs/$t.rc"
+    "corpus/$t" "seeds/$t") >"$san_dir/logs/$t.log" 2>&1 || rc=$?
+  echo "$rc $((SECONDS - start))" >"$san_dir/logs/$t.rc"
 }
 if ((seconds > 0)); then
   max_jobs=${FLOWKV_FUZZ_JOBS:-$(nproc)}
   for t in "${targets[@]}"; do
-    rm -f "build-fuzz/logs/$t.rc"
+    rm -f "$san_dir/logs/$t.rc"
     while (($(jobs -rp | wc -l) >= max_jobs)); do wait -n || true; done
     fuzz_one "$t" &
   done
   wait
   printf '%-26s %10s %8s %6s %6s  %s\n' target executions exec/s cov new result
   for t in "${targets[@]}"; do
-    log=build-fuzz/logs/$t.log
-    read -r rc took <"build-fuzz/logs/$t.rc"
+    log=$san_dir/logs/$t.log
+    read -r rc took <"$san_dir/logs/$t.rc"
     final_stat() { sed -n "s/^stat::$1: *//p" "$log" | tail -1; }
     cov=$(grep -oE 'cov: [0-9]+' "$log" | tail -1 | cut -d' ' -f2)
     result="ok, $took s"
     if ((rc != 0)); then
       artifact=$(grep -oE "crashes/$t/[a-z-]+-[0-9a-f]+" "$log" | tail -1 || true)
-      result="FAILED after $took s: build-fuzz/${artifact:-crashes/$t/} (log: $log)"
+      result="FAILED after $took s: $san_dir/${artifact:-crashes/$t/} (log: $log)"
       failed+=("$t")
     fi
     printf '%-26s %10s %8s %6s %6s  %s\n' "$t" "$(final_stat number_of_executed_units)" \
@@ -107,7 +92,7 @@ if ((seconds > 0)); then
   for t in "${failed[@]}"; do
     [[ $t == *regressions* ]] && continue
     echo "--- $t:" >&2
-    crash_report "build-fuzz/logs/$t.log"
+    crash_report "$san_dir/logs/$t.log"
   done
 fi
 # Scratch folders of targets that crashed (a target removes its own when it exits normally).

@@ -1,22 +1,17 @@
 #!/usr/bin/env bash
-# The fast test subset under AddressSanitizer + UndefinedBehaviorSanitizer: configures
-# build-asan/ (FLOWKV_SANITIZE=ON, gcc as in release builds, -O1 -g1: line tables, enough for
-# file:line in reports and cheaper to compile than -g), builds the library and the
-# unit tests, and runs ctest without the slow suites. Extra arguments go to ctest.
+# The fast test subset under AddressSanitizer + UndefinedBehaviorSanitizer: builds the library and
+# the unit tests below in build-san/ (scripts/san_build.sh: clang, -O1 -g1, the build
+# scripts/fuzz.sh shares, so that CI compiles the sanitized library once) and runs ctest without
+# the slow suites. Extra arguments go to ctest.
 #   scripts/sanitize.sh [CTEST_ARGS...]
 # FLOWKV_SANITIZE_CLI=1 also builds the command line and runs its cli.* tests (its CLI11-heavy
 # sources double the build time under ASan, and the library paths they reach are the unit
 # tests' paths). The format test is left to the normal build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-
-source scripts/packages.sh
-install_missing "${FLOWKV_PACKAGES[@]}"
+source scripts/san_build.sh
 
 t0=$SECONDS
-cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" -DFLOWKV_SANITIZE=ON >/dev/null
-mkdir -p build-asan/logs
 exclude='^format$'
 # The library and the test programs of what meets hostile input or indexes memory: parsers,
 # kernels, threads and the hostile-file suites. The golden-parity programs (the transformers',
@@ -28,11 +23,11 @@ exclude='^format$'
 # exercised here through ops_test and thread_test. Their gtest entries show as *_NOT_BUILT here.
 asan_tests=(ops_test io_test gguf_test thread_test atomic_write_test hostile_test image_test
             tokenizer_test ref_store_test)
-build_target=(--target "${asan_tests[@]}")
+build_target=("${asan_tests[@]}")
 exclude+='|_NOT_BUILT$'
 
 if [[ ${FLOWKV_SANITIZE_CLI:-0} == 1 ]]; then
-  build_target=()
+  build_target=(all)
 else
   exclude+='|^cli\.'
 fi
@@ -43,12 +38,7 @@ fi
 exclude+='|^StepCacheInModels\.EveryPolicyComposesWithTheQwen21|^StepCacheIsolation\.RequestsNeverShareState$'
 exclude+='|^Builtins/FamilyDenoise\.[A-Za-z]+/(small|qwen21_small)( |$)'
 
-if ! cmake --build build-asan "${build_target[@]}" -j "${FLOWKV_BUILD_JOBS:-2}" \
-  >build-asan/logs/build.log 2>&1; then
-  tail -40 build-asan/logs/build.log >&2
-  echo "sanitize: build failed (build-asan/logs/build.log)" >&2
-  exit 1
-fi
+san_build "${build_target[@]}"
 t1=$SECONDS
 echo "sanitize: build took $((t1 - t0)) s"
 
@@ -57,5 +47,5 @@ echo "sanitize: build took $((t1 - t0)) s"
 # exit, so they are not reported.
 export ASAN_OPTIONS=${ASAN_OPTIONS:-halt_on_error=1:detect_leaks=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
-ctest --test-dir build-asan --output-on-failure -j 2 -E "$exclude" "$@"
+ctest --test-dir "$san_dir" --output-on-failure -j 2 -E "$exclude" "$@"
 echo "sanitize: tests took $((SECONDS - t1)) s"

@@ -2,7 +2,9 @@
 # Sets up (scripts/setup.sh), builds, and runs every test. CI runs exactly this.
 # Then hostile inputs: the fast subset under ASan + UBSan (scripts/sanitize.sh) and every fuzz
 # target's saved crashes plus FLOWKV_FUZZ_SECONDS of fuzzing each (scripts/fuzz.sh; default 5,
-# 0: replay the saved crashes only). FLOWKV_SKIP_HOSTILE=1 skips both (a quick local run).
+# 0: replay the saved crashes only). Both use one clang build, build-san/ (scripts/san_build.sh):
+# the sanitized library is compiled once, by the first. FLOWKV_SKIP_HOSTILE=1 skips both (a
+# quick local run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh

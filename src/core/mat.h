@@ -17,8 +17,12 @@ struct Mat {
   int64_t stride = 0;
 
   float* row(int64_t r) const { return data + r * stride; }
-  Mat cols_slice(int64_t c0, int64_t n) const { return {data + c0, rows, n, stride}; }
-  Mat rows_slice(int64_t r0, int64_t n) const { return {data + r0 * stride, n, cols, stride}; }
+  // An empty matrix may have no storage (data null, an empty tensor's): its slices keep data as
+  // it is, since a non-zero offset on a null pointer is undefined behaviour.
+  Mat cols_slice(int64_t c0, int64_t n) const { return {data ? data + c0 : data, rows, n, stride}; }
+  Mat rows_slice(int64_t r0, int64_t n) const {
+    return {data ? data + r0 * stride : data, n, cols, stride};
+  }
 };
 
 inline Mat make_mat(float* data, int64_t rows, int64_t cols) {
