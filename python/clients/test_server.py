@@ -1,0 +1,540 @@
+"""flowkv serve through real clients: the openai package, curl and raw sockets.
+
+Started by ctest (server.openai_clients) as
+    python test_server.py --flowkv BUILD/tools/flowkv [--only NAME]
+It runs `flowkv serve` on 127.0.0.1 (port 0: the server prints the port it bound) over the tiny
+pipelines of tests/golden, and compares every image with `flowkv generate` on the same request:
+the decoded pixels must be byte-equal. Loopback only; every client is bounded in time.
+"""
+
+import argparse
+import base64
+import io
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import urllib.request
+from pathlib import Path
+
+import openai
+from PIL import Image
+
+# Partial images come from GenerateControl::previews. Flip to True (or set
+# FLOWKV_EXPECT_PREVIEWS=1) once the library sends previews: streams must then carry exactly
+# partial_images partial events before their completed event.
+EXPECT_PREVIEWS = os.environ.get("FLOWKV_EXPECT_PREVIEWS", "0") == "1"
+
+REPO = Path(__file__).resolve().parents[2]
+GOLDEN = REPO / "tests" / "golden"
+KLEIN = GOLDEN / "klein_pipeline" / "kv" / "pipeline"
+KLEIN_REF = GOLDEN / "klein_pipeline" / "reference.png"
+Q21 = GOLDEN / "qwen21_pipeline" / "pipeline"
+Q21_RGBA = GOLDEN / "qwen21_pipeline" / "cond_rgba.png"
+Q21_RGB = GOLDEN / "qwen21_pipeline" / "cond_rgb.png"
+
+ARGS = None
+TMP = None
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+class Server:
+    """A `flowkv serve` child process on a free port."""
+
+    def __init__(self, model, *extra):
+        self.log_path = Path(TMP) / f"serve-{time.monotonic_ns()}.log"
+        self.log_file = open(self.log_path, "w")
+        cmd = [ARGS.flowkv, "serve", "--model", str(model), "--port", "0", *extra]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log_file, text=True)
+        line = self.proc.stdout.readline()
+        m = re.match(r"listening on (http://[\d.]+:(\d+))", line)
+        assert m, f"serve's first line: {line!r}; log:\n{self.log()}"
+        self.url, self.port = m.group(1), int(m.group(2))
+        deadline = time.time() + 20
+        while True:
+            try:
+                if get(self.url + "/health")[0] == 200:
+                    break
+            except OSError:
+                pass
+            assert time.time() < deadline, "no /health"
+            time.sleep(0.05)
+        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0,
+                                    timeout=60)
+        self.model_id = self.client.models.list().data[0].id
+
+    def log(self):
+        self.log_file.flush()
+        return self.log_path.read_text()
+
+    def stop(self, timeout=30):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        rc = self.proc.wait(timeout=timeout)
+        self.log_file.close()
+        return rc
+
+
+def get(url, timeout=10):
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def metrics(server):
+    status, body = get(server.url + "/metrics")
+    assert status == 200
+    return body.decode()
+
+
+def metric(text, name):
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def pixels_of_png(data):
+    im = Image.open(io.BytesIO(data))
+    im.load()
+    return im.size, im.mode, im.tobytes()
+
+
+def pixels_of_b64(b64):
+    return pixels_of_png(base64.b64decode(b64))
+
+
+CLI_CACHE = {}
+
+
+def cli_generate(model, prompt, seed, steps, size=None, refs=()):
+    """The same request through `flowkv generate`: the pixels the server must send."""
+    key = (str(model), prompt, seed, steps, size, tuple(map(str, refs)))
+    if key not in CLI_CACHE:
+        out = Path(TMP) / f"cli-{len(CLI_CACHE)}.png"
+        cmd = [ARGS.flowkv, "generate", "--model", str(model), "-p", prompt, "--seed", str(seed),
+               "--steps", str(steps), "-o", str(out)]
+        if size:
+            cmd += ["--size", size]
+        for r in refs:
+            cmd += ["-r", str(r)]
+        subprocess.run(cmd, check=True, capture_output=True, timeout=120)
+        CLI_CACHE[key] = pixels_of_png(out.read_bytes())
+    return CLI_CACHE[key]
+
+
+def curl(*args):
+    r = subprocess.run(["curl", "-s", "-S", "--max-time", "30", "-w", "\n%{http_code}", *args],
+                       capture_output=True, timeout=60)
+    body, _, code = r.stdout.rpartition(b"\n")
+    return int(code or 0), body
+
+
+def read_sse(resp_lines):
+    """(event, data) pairs from an iterator of text lines."""
+    event, data = None, []
+    for line in resp_lines:
+        line = line.rstrip("\r\n")
+        if line == "":
+            if data:
+                yield event, json.loads("\n".join(data))
+            event, data = None, []
+        elif line.startswith(":"):
+            continue
+        elif line.startswith("event:"):
+            event = line[6:].strip()
+        elif line.startswith("data:"):
+            data.append(line[5:].lstrip())
+
+
+def raw_request(port, head, body_chunks=(), timeout=30):
+    """Sends a request over a plain socket; returns the response bytes (all until close)."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    try:
+        s.sendall(head)
+        try:
+            for c in body_chunks:
+                s.sendall(c)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        out = b""
+        while True:
+            try:
+                b = s.recv(65536)
+            except ConnectionResetError:
+                break
+            if not b:
+                break
+            out += b
+            if b"\r\n\r\n" in out:
+                head_end = out.index(b"\r\n\r\n")
+                m = re.search(rb"content-length: *(\d+)", out[:head_end], re.I)
+                if m and len(out) >= head_end + 4 + int(m.group(1)):
+                    break
+        return out
+    finally:
+        s.close()
+
+
+# ---- the tests ---------------------------------------------------------------------------------
+
+PROMPT = "a fox"
+
+
+def test_models_and_health(a):
+    models = a.client.models.list()
+    assert [m.id for m in models.data] == ["pipeline"], models
+    status, body = get(a.url + "/health")
+    assert status == 200 and json.loads(body)["status"] == "ok", body
+
+
+def test_generate_equals_cli(a):
+    r = a.client.images.generate(model=a.model_id, prompt=PROMPT, size="64x64",
+                                 response_format="b64_json", extra_body={"steps": 2, "seed": 7})
+    assert len(r.data) == 1 and r.usage.output_tokens == 16, r.usage
+    got = pixels_of_b64(r.data[0].b64_json)
+    assert got[0] == (64, 64), got[0]
+    assert got == cli_generate(KLEIN, PROMPT, 7, 2, "64x64"), "server and CLI pixels differ"
+
+
+def test_generate_n_seeds(a):
+    r = a.client.images.generate(prompt=PROMPT, size="64x64", n=2,
+                                 extra_body={"steps": 2, "seed": 7})
+    imgs = [pixels_of_b64(d.b64_json) for d in r.data]
+    assert imgs[0] == cli_generate(KLEIN, PROMPT, 7, 2, "64x64")
+    assert imgs[1] == cli_generate(KLEIN, PROMPT, 8, 2, "64x64")
+    assert [x["seed"] for x in r.model_extra["flowkv"]["images"]] == [7, 8]
+
+
+def test_edit_one_image(a):
+    with open(KLEIN_REF, "rb") as f:
+        r = a.client.images.edit(image=f, prompt=PROMPT, extra_body={"steps": 2, "seed": 7})
+    got = pixels_of_b64(r.data[0].b64_json)
+    assert got[0] == (80, 64), got[0]
+    assert got == cli_generate(KLEIN, PROMPT, 7, 2, refs=[KLEIN_REF])
+
+
+def test_edit_two_images(a):
+    with open(Q21_RGB, "rb") as f1, open(KLEIN_REF, "rb") as f2:
+        r = a.client.images.edit(image=[f1, f2], prompt=PROMPT, size="64x64",
+                                 extra_body={"steps": 2, "seed": 3})
+    got = pixels_of_b64(r.data[0].b64_json)
+    assert got == cli_generate(KLEIN, PROMPT, 3, 2, "64x64", refs=[Q21_RGB, KLEIN_REF])
+
+
+def check_stream(events, prefix, partial_images, steps):
+    types = [e.type if hasattr(e, "type") else None for e in events]
+    progress = [e for e in events if getattr(e, "type", None) == "flowkv.progress"]
+    partials = [e for e in events if getattr(e, "type", None) == prefix + ".partial_image"]
+    completed = [e for e in events if getattr(e, "type", None) == prefix + ".completed"]
+    assert len(completed) == 1 and types[-1] == prefix + ".completed", types
+    assert [p.step for p in progress] == list(range(1, steps + 1)), types
+    if EXPECT_PREVIEWS:
+        assert [p.partial_image_index for p in partials] == list(range(partial_images)), types
+    else:
+        assert len(partials) <= partial_images, types
+    assert completed[0].usage.total_tokens > 0
+    return completed[0]
+
+
+def test_stream_generate(a):
+    stream = a.client.images.generate(prompt=PROMPT, size="64x64", stream=True, partial_images=2,
+                                      extra_body={"steps": 3, "seed": 7})
+    events = list(stream)
+    done = check_stream(events, "image_generation", 2, 3)
+    assert pixels_of_b64(done.b64_json) == cli_generate(KLEIN, PROMPT, 7, 3, "64x64")
+
+
+def test_stream_edit(a):
+    with open(KLEIN_REF, "rb") as f:
+        stream = a.client.images.edit(image=f, prompt=PROMPT, stream=True, partial_images=2,
+                                      extra_body={"steps": 2, "seed": 7})
+        events = list(stream)
+    done = check_stream(events, "image_edit", 2, 2)
+    assert pixels_of_b64(done.b64_json) == cli_generate(KLEIN, PROMPT, 7, 2, refs=[KLEIN_REF])
+
+
+def test_concurrent_clients(a):
+    serial = a.client.images.generate(prompt=PROMPT, size="64x64", n=4,
+                                      extra_body={"steps": 2, "seed": 20})
+    want = [pixels_of_b64(d.b64_json) for d in serial.data]
+    got, errors = [None] * 4, []
+
+    def one(i):
+        try:
+            c = openai.OpenAI(base_url=a.url + "/v1", api_key="none", max_retries=0, timeout=60)
+            r = c.images.generate(prompt=PROMPT, size="64x64",
+                                  extra_body={"steps": 2, "seed": 20 + i})
+            got[i] = pixels_of_b64(r.data[0].b64_json)
+        except Exception as e:  # reported below
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=90)
+    assert not errors, errors
+    assert got == want, "concurrent results differ from the serial ones"
+
+
+def test_disconnect_mid_stream(a):
+    before = metric(metrics(a), "flowkv_cancelled_total")
+    body = json.dumps({"prompt": PROMPT, "size": "64x64", "stream": True, "steps": 100,
+                       "seed": 1}).encode()
+    s = socket.create_connection(("127.0.0.1", a.port), timeout=30)
+    s.sendall(b"POST /v1/images/generations HTTP/1.1\r\nHost: x\r\nContent-Type: "
+              b"application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" +
+              body)
+    got = b""
+    while b"flowkv.progress" not in got:
+        chunk = s.recv(4096)
+        assert chunk, got
+        got += chunk
+    s.close()  # mid-stream: the server must stop within a step and go on serving
+    t0 = time.time()
+    while metric(metrics(a), "flowkv_cancelled_total") <= before:
+        assert time.time() - t0 < 20, "no cancellation in /metrics"
+        time.sleep(0.05)
+    log(f"    cancelled {time.time() - t0:.2f} s after the client left")
+    r = a.client.images.generate(prompt=PROMPT, size="64x64", extra_body={"steps": 1, "seed": 1})
+    assert len(r.data) == 1
+
+
+def test_malformed_bodies(a):
+    code, body = curl("-H", "Content-Type: multipart/form-data; boundary=XYZ", "--data-binary",
+                      "--XYZ\r\nContent-Disposition: form-data; name=\"prompt\"\r\n\r\nfox\r\n--Q",
+                      a.url + "/v1/images/edits")
+    assert code == 400, (code, body)
+    code, body = curl("-H", "Content-Type: application/json", "--data-binary", "{\"prompt\": ",
+                      a.url + "/v1/images/generations")
+    assert code == 400 and json.loads(body)["error"]["code"] == "invalid_json", (code, body)
+    code, body = curl("-F", "prompt=fox", "-F", "image[]=@" + str(REPO / "README.md"),
+                      a.url + "/v1/images/edits")
+    assert code == 400 and "not a PNG or JPEG" in json.loads(body)["error"]["message"], body
+    code, body = curl("-F", "prompt=fox", "-F", "steps=two", "-F", "image=@" + str(KLEIN_REF),
+                      a.url + "/v1/images/edits")
+    assert code == 400 and json.loads(body)["error"]["param"] == "steps", body
+    # The server goes on serving.
+    assert get(a.url + "/health")[0] == 200
+
+
+def test_refused_fields(a):
+    for extra, param in [({"response_format": "url"}, "response_format"),
+                         ({"output_format": "jpeg"}, "output_format"),
+                         ({"size": "12x"}, "size"), ({"size": "99999x99999"}, "size"),
+                         ({"n": 0}, "n"), ({"steps": 100000}, "steps"),
+                         ({"quality": "high"}, "quality"), ({"bogus": 1}, "bogus"),
+                         ({"model": "dall-e-3"}, "model")]:
+        body = {"prompt": PROMPT, **extra}
+        code, out = curl("-H", "Content-Type: application/json", "--data-binary",
+                         json.dumps(body), a.url + "/v1/images/generations")
+        err = json.loads(out)["error"]
+        assert code == 400 and err["param"] == param and err["message"], (extra, code, out)
+    try:
+        a.client.images.generate(prompt=PROMPT, response_format="url")
+        raise AssertionError("url accepted")
+    except openai.BadRequestError as e:
+        assert "inline" in str(e), e
+    # flowkv::Error from the library: a 400 with its message (Klein has no CFG).
+    code, out = curl("-H", "Content-Type: application/json", "--data-binary",
+                     json.dumps({"prompt": PROMPT, "size": "64x64", "steps": 1,
+                                 "negative_prompt": "x", "cfg_scale": 3}),
+                     a.url + "/v1/images/generations")
+    assert code == 400 and "classifier-free" in json.loads(out)["error"]["message"], out
+    code, out = curl(a.url + "/nope")
+    assert code == 404 and json.loads(out)["error"]["code"] == "not_found", out
+    code, out = curl(a.url + "/v1/images/generations")
+    assert code == 405, (code, out)
+    code, out = curl("-X", "POST", a.url + "/metrics")
+    assert code == 405, (code, out)
+
+
+def test_huge_body(a):
+    mib = b"\0" * (1 << 20)
+    t0 = time.time()
+    out = raw_request(a.port, b"POST /v1/images/generations HTTP/1.1\r\nHost: x\r\n"
+                      b"Content-Type: application/json\r\nContent-Length: 104857600\r\n\r\n",
+                      (mib for _ in range(100)))
+    took = time.time() - t0
+    assert out.startswith(b"HTTP/1.1 413"), out[:200]
+    assert took < 10, took
+    log(f"    413 after {took:.2f} s")
+    assert get(a.url + "/health")[0] == 200
+
+
+def test_metrics_format(a):
+    text = metrics(a)
+    line_re = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*(\{([a-zA-Z_][a-zA-Z0-9_]*=\"[^\"]*\",?)*\})?"
+                         r" [-+]?([0-9.]+([eE][-+]?[0-9]+)?|Inf|NaN)$")
+    for line in text.splitlines():
+        if line.startswith("#"):
+            assert re.match(r"^# (HELP|TYPE) [a-zA-Z_:][a-zA-Z0-9_:]* ", line), line
+        else:
+            assert line_re.match(line), line
+    assert metric(text, "flowkv_requests_total") > 0
+    assert 'route="/v1/images/generations",status="200"' in text
+    assert metric(text, "flowkv_step_seconds_count") > 0
+    assert metric(text, "flowkv_peak_rss_bytes") > 0
+    assert "flowkv_store_kind{kind=\"kv\"" in text
+
+
+def test_sigterm_graceful(a):
+    result = {}
+
+    def slow():
+        try:
+            r = a.client.images.generate(prompt=PROMPT, size="64x64",
+                                         extra_body={"steps": 12, "seed": 5})
+            result["ok"] = pixels_of_b64(r.data[0].b64_json)
+        except Exception as e:
+            result["error"] = e
+
+    t = threading.Thread(target=slow)
+    t.start()
+    t0 = time.time()
+    while metric(metrics(a), "flowkv_in_flight") < 1:
+        assert time.time() - t0 < 20
+        time.sleep(0.02)
+    rc = a.stop()
+    t.join(timeout=60)
+    assert rc == 0, (rc, a.log())
+    assert "ok" in result, result
+    assert result["ok"] == cli_generate(KLEIN, PROMPT, 5, 12, "64x64")
+
+
+def test_sigterm_grace_over(c):
+    """Past --shutdown-grace the running request is stopped and answered 503, never dropped."""
+    result = {}
+
+    def slow():
+        try:
+            c.client.images.generate(prompt=PROMPT, size="64x64",
+                                     extra_body={"steps": 200, "seed": 5})
+            result["ok"] = True
+        except openai.APIStatusError as e:
+            result["status"] = e.status_code
+        except Exception as e:
+            result["error"] = repr(e)
+
+    t = threading.Thread(target=slow)
+    t.start()
+    t0 = time.time()
+    while metric(metrics(c), "flowkv_in_flight") < 1:
+        assert time.time() - t0 < 20
+        time.sleep(0.02)
+    rc = c.stop()
+    t.join(timeout=60)
+    assert rc == 0, rc
+    assert result.get("status") == 503, result
+
+
+def test_memory_budget(c):
+    try:
+        with open(KLEIN_REF, "rb") as f:
+            c.client.images.edit(image=[f, open(Q21_RGB, "rb")], prompt=PROMPT, size="256x256",
+                                 extra_body={"steps": 1})
+        raise AssertionError("over the budget, accepted")
+    except openai.BadRequestError as e:
+        assert "memory budget" in str(e) and "bytes" in str(e), e
+    r = c.client.images.generate(prompt=PROMPT, size="32x32", extra_body={"steps": 1})
+    assert len(r.data) == 1
+    assert metric(metrics(c), "flowkv_rejected_memory_total") == 1
+
+
+def test_timeout(c):
+    try:
+        c.client.images.generate(prompt=PROMPT, size="32x32", extra_body={"steps": 200})
+        raise AssertionError("no timeout")
+    except openai.APIStatusError as e:
+        assert e.status_code == 504, e
+
+
+def test_qwen21(q):
+    r = q.client.images.generate(prompt=PROMPT, size="64x64", extra_body={"steps": 2, "seed": 4})
+    got = pixels_of_b64(r.data[0].b64_json)
+    assert got == cli_generate(Q21, PROMPT, 4, 2, "64x64")
+    with open(Q21_RGBA, "rb") as f1, open(Q21_RGB, "rb") as f2:
+        r = q.client.images.edit(image=[f1, f2], prompt=PROMPT, size="64x64",
+                                 extra_body={"steps": 2, "seed": 4})
+    got = pixels_of_b64(r.data[0].b64_json)
+    assert got[1] == "RGBA", got[1]
+    assert got == cli_generate(Q21, PROMPT, 4, 2, "64x64", refs=[Q21_RGBA, Q21_RGB])
+
+
+def main():
+    global ARGS, TMP
+    p = argparse.ArgumentParser()
+    p.add_argument("--flowkv", required=True)
+    p.add_argument("--only", default="")
+    ARGS = p.parse_args()
+    TMP = tempfile.mkdtemp(prefix="flowkv-server-test-")
+    t_all = time.time()
+    passed, failed = 0, []
+
+    def run(name, fn, server):
+        nonlocal passed
+        if ARGS.only and ARGS.only not in name:
+            return
+        t0 = time.time()
+        try:
+            fn(server)
+            passed += 1
+            log(f"ok   {name} ({time.time() - t0:.2f} s)")
+        except Exception:
+            failed.append(name)
+            log(f"FAIL {name}\n{traceback.format_exc()}\n--- server log ---\n{server.log()[-3000:]}")
+
+    a = Server(KLEIN, "--workers", "2", "--timeout", "60")
+    for name, fn in [("models_and_health", test_models_and_health),
+                     ("generate_equals_cli", test_generate_equals_cli),
+                     ("generate_n_seeds", test_generate_n_seeds),
+                     ("edit_one_image", test_edit_one_image),
+                     ("edit_two_images", test_edit_two_images),
+                     ("stream_generate", test_stream_generate),
+                     ("stream_edit", test_stream_edit),
+                     ("concurrent_clients", test_concurrent_clients),
+                     ("disconnect_mid_stream", test_disconnect_mid_stream),
+                     ("malformed_bodies", test_malformed_bodies),
+                     ("refused_fields", test_refused_fields),
+                     ("huge_body", test_huge_body),
+                     ("metrics_format", test_metrics_format),
+                     ("sigterm_graceful", test_sigterm_graceful)]:
+        run(name, fn, a)
+    if a.proc.poll() is None:
+        a.stop()
+
+    q = Server(Q21)
+    run("qwen21_generate_and_edit", test_qwen21, q)
+    q.stop()
+
+    c = Server(KLEIN, "--memory-budget", ARGS_BUDGET, "--timeout", "1.5", "--shutdown-grace", "0.5")
+    run("memory_budget", test_memory_budget, c)
+    run("timeout", test_timeout, c)
+    run("sigterm_grace_over", test_sigterm_grace_over, c)
+    if c.proc.poll() is None:
+        c.stop()
+
+    log(f"{passed} passed, {len(failed)} failed in {time.time() - t_all:.1f} s")
+    if failed:
+        log("failed: " + ", ".join(failed))
+    return 1 if failed else 0
+
+
+ARGS_BUDGET = "4M"
+
+if __name__ == "__main__":
+    sys.exit(main())
