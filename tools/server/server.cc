@@ -440,22 +440,24 @@ bool should_stop(State& s, Job& j) {
     j.client_gone = true;
     return true;
   }
-  if (Clock::now() > j.deadline) {
-    j.timed_out = true;
-    return true;
-  }
   if (s.abort_all) {
     j.aborted = true;
+    return true;
+  }
+  if (Clock::now() > j.deadline) {
+    j.timed_out = true;
     return true;
   }
   return false;
 }
 
-std::shared_ptr<Job> prepare(State& s, const httplib::Request& hreq, bool edit) {
+// Reads and checks a request; `job` is set first, so that an error names uploads as the
+// client knows them.
+void prepare(State& s, const httplib::Request& hreq, bool edit, std::shared_ptr<Job>& job) {
   if (s.stopping) {
     throw ApiError(503, "the server is shutting down", "", "shutting_down", "server_error");
   }
-  auto job = std::make_shared<Job>();
+  job = std::make_shared<Job>();
   job->id = t_served.id;
   job->edit = edit;
   json body;
@@ -557,7 +559,6 @@ std::shared_ptr<Job> prepare(State& s, const httplib::Request& hreq, bool edit) 
   job->fd = find_connection_socket(hreq);
   job->deadline =
       Clock::now() + std::chrono::microseconds(static_cast<int64_t>(s.opt.timeout_seconds * 1e6));
-  return job;
 }
 
 struct Image {
@@ -658,7 +659,30 @@ std::string store_keys_header(const std::vector<Image>& images) {
   return h;
 }
 
-// An exception from a request -> (status, OpenAI error body). 0: the client is gone.
+std::string seconds_text(double s) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%g", s);
+  return b;
+}
+
+// The library names an uploaded image by the file it was stored as; the client knows it as
+// "image N". The server's temporary paths stay out of its answers.
+std::string scrub(const Job* j, std::string message) {
+  if (!j || !j->dir) return message;
+  const std::vector<std::string>& refs = j->req.generate.references;
+  for (size_t i = refs.size(); i-- > 0;) {
+    const std::string name = "image " + std::to_string(i + 1);
+    for (size_t at; (at = message.find(refs[i])) != std::string::npos;) {
+      message.replace(at, refs[i].size(), name);
+    }
+  }
+  for (size_t at; (at = message.find(j->dir->path())) != std::string::npos;) {
+    message.replace(at, j->dir->path().size(), "(upload)");
+  }
+  return message;
+}
+
+// An exception from a request -> (status, OpenAI error body); 499: the client is gone.
 std::pair<int, json> error_of(State& s, const Job* j, std::exception_ptr ep) {
   try {
     std::rethrow_exception(ep);
@@ -669,7 +693,7 @@ std::pair<int, json> error_of(State& s, const Job* j, std::exception_ptr ep) {
     if (j && j->timed_out) {
       s.metrics.count("timeouts");
       return {504, error_body("the request ran past this server's time limit of " +
-                                  std::to_string(s.opt.timeout_seconds) + " s (--timeout)",
+                                  seconds_text(s.opt.timeout_seconds) + " s (--timeout)",
                               "server_error", "", "timeout")};
     }
     if (j && j->aborted) {
@@ -680,9 +704,9 @@ std::pair<int, json> error_of(State& s, const Job* j, std::exception_ptr ep) {
     s.metrics.count("cancelled");
     return {499, json()};
   } catch (const KVBudgetError& e) {
-    return {503, error_body(e.what(), "server_error", "", "memory_budget")};
+    return {503, error_body(scrub(j, e.what()), "server_error", "", "memory_budget")};
   } catch (const Error& e) {
-    return {400, error_body(e.what(), "invalid_request_error", "", "invalid_request")};
+    return {400, error_body(scrub(j, e.what()), "invalid_request_error", "", "invalid_request")};
   } catch (const std::exception& e) {
     std::fprintf(stderr, "request %llu: internal error: %s\n",
                  static_cast<unsigned long long>(t_served.id), e.what());
@@ -705,7 +729,7 @@ std::string sse(const std::string& event, const json& data) {
 void handle_images(State& s, const httplib::Request& hreq, httplib::Response& res, bool edit) {
   std::shared_ptr<Job> job;
   try {
-    job = prepare(s, hreq, edit);
+    prepare(s, hreq, edit, job);
     if (!job->req.stream) {
       const std::vector<Image> images = run(s, *job, {});
       json data = json::array();
