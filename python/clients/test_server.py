@@ -481,11 +481,28 @@ def test_memory_budget(c):
 
 
 def test_timeout(c):
+    """--timeout: 504 for a plain request; an `error` event the openai client raises for a
+    stream (it waits behind the first, its deadline counting the wait)."""
+    streamed = {}
+
+    def stream():
+        try:
+            for _ in c.client.images.generate(prompt=PROMPT, size="32x32", stream=True,
+                                              extra_body={"steps": 5000, "flowkv_progress": False}):
+                pass
+            streamed["ok"] = True
+        except openai.APIError as e:
+            streamed["error"] = e
+
+    t = threading.Thread(target=stream)
+    t.start()
     try:
         c.client.images.generate(prompt=PROMPT, size="32x32", extra_body={"steps": 5000})
         raise AssertionError("no timeout")
     except openai.APIStatusError as e:
         assert e.status_code == 504, e
+    t.join(timeout=60)
+    assert "error" in streamed and "time limit" in str(streamed["error"]), streamed
 
 
 def test_qwen21(q):
