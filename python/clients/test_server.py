@@ -351,6 +351,17 @@ def test_malformed_bodies(a):
     code, body = curl("-F", "prompt=fox", "-F", "steps=two", "-F", "image=@" + str(KLEIN_REF),
                       a.url + "/v1/images/edits")
     assert code == 400 and json.loads(body)["error"]["param"] == "steps", body
+    # A PNG whose header claims 5000x5000 pixels (no pixel data): refused from its header.
+    import struct
+    import zlib
+    ihdr = struct.pack(">IIBBBBB", 5000, 5000, 8, 2, 0, 0, 0)
+    png = (b"\x89PNG\r\n\x1a\n" + struct.pack(">I", 13) + b"IHDR" + ihdr +
+           struct.pack(">I", zlib.crc32(b"IHDR" + ihdr)))
+    big = Path(TMP) / "big.png"
+    big.write_bytes(png)
+    code, body = curl("-F", "prompt=fox", "-F", "image=@" + str(big), a.url + "/v1/images/edits")
+    err = json.loads(body)["error"]
+    assert code == 400 and "5000x5000" in err["message"] and "--max-image-pixels" in err["message"], body
     # The server goes on serving.
     assert get(a.url + "/health")[0] == 200
 

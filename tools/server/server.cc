@@ -878,7 +878,9 @@ int serve(const ServeOptions& options) {
   std::signal(SIGPIPE, SIG_IGN);
 
   httplib::Server svr;
-  const size_t pool = static_cast<size_t>(options.workers + options.queue + 8);
+  // Connection threads: every running and waiting request holds one, plus a few for /health and
+  // /metrics; at most 512 (more connections wait in httplib's list for a thread).
+  const size_t pool = static_cast<size_t>(std::min(options.workers + options.queue + 8, 512));
   svr.new_task_queue = [pool] { return new httplib::ThreadPool(pool); };
   svr.set_payload_max_length(static_cast<size_t>(options.max_body));
   svr.set_keep_alive_timeout(2);
