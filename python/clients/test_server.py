@@ -32,6 +32,11 @@ from PIL import Image
 # partial_images partial events before their completed event.
 EXPECT_PREVIEWS = os.environ.get("FLOWKV_EXPECT_PREVIEWS", "0") == "1"
 
+# The reference store (GenerateControl::store). Flip to True (or FLOWKV_EXPECT_STORE=1) once
+# the library's store keeps entries: an edit must then name its store keys in the
+# X-Flowkv-Store-Keys header, and the same reference edited again must hit the store.
+EXPECT_STORE = os.environ.get("FLOWKV_EXPECT_STORE", "0") == "1"
+
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "golden"
 KLEIN = GOLDEN / "klein_pipeline" / "kv" / "pipeline"
@@ -223,7 +228,12 @@ def test_generate_n_seeds(a):
 
 def test_edit_one_image(a):
     with open(KLEIN_REF, "rb") as f:
-        r = a.client.images.edit(image=f, prompt=PROMPT, extra_body={"steps": 2, "seed": 7})
+        raw = a.client.images.with_raw_response.edit(image=f, prompt=PROMPT,
+                                                     extra_body={"steps": 2, "seed": 7})
+    r = raw.parse()
+    if EXPECT_STORE:
+        keys = raw.headers.get("x-flowkv-store-keys", "")
+        assert re.fullmatch(r"[0-9a-f]{64}(,[0-9a-f]{64})*", keys), keys
     got = pixels_of_b64(r.data[0].b64_json)
     assert got[0] == (80, 64), got[0]
     assert got == cli_generate(KLEIN, PROMPT, 7, 2, refs=[KLEIN_REF])
@@ -266,6 +276,8 @@ def test_stream_edit(a):
                                       extra_body={"steps": 2, "seed": 7})
         events = list(stream)
     done = check_stream(events, "image_edit", 2, 2)
+    if EXPECT_STORE:  # the same reference as edit_one_image: served from the store
+        assert done.flowkv["store_hits"] > 0, done.flowkv
     assert pixels_of_b64(done.b64_json) == cli_generate(KLEIN, PROMPT, 7, 2, refs=[KLEIN_REF])
 
 
