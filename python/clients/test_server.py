@@ -503,29 +503,48 @@ def test_memory_budget(c):
     assert metric(metrics(c), "flowkv_rejected_memory_total") == 1
 
 
-def test_timeout(c):
+def test_timeout_and_queue_full(c):
     """--timeout: 504 for a plain request; an `error` event the openai client raises for a
-    stream (it waits behind the first, its deadline counting the wait)."""
-    streamed = {}
+    stream (it waits behind the first, its deadline counting the wait). With one running and
+    one waiting (--queue 1), a third request is refused at once: 503 with Retry-After."""
+    got = {}
 
     def stream():
         try:
             for _ in c.client.images.generate(prompt=PROMPT, size="32x32", stream=True,
                                               extra_body={"steps": 5000, "flowkv_progress": False}):
                 pass
-            streamed["ok"] = True
+            got["stream"] = "completed"
         except openai.APIError as e:
-            streamed["error"] = e
+            got["stream"] = e
 
-    t = threading.Thread(target=stream)
-    t.start()
-    try:
-        c.client.images.generate(prompt=PROMPT, size="32x32", extra_body={"steps": 5000})
-        raise AssertionError("no timeout")
-    except openai.APIStatusError as e:
-        assert e.status_code == 504, e
-    t.join(timeout=60)
-    assert "error" in streamed and "time limit" in str(streamed["error"]), streamed
+    def plain():
+        try:
+            c.client.images.generate(prompt=PROMPT, size="32x32", extra_body={"steps": 5000})
+            got["plain"] = "completed"
+        except openai.APIStatusError as e:
+            got["plain"] = e
+
+    threads = [threading.Thread(target=plain), threading.Thread(target=stream)]
+    for t in threads:
+        t.start()
+    t0 = time.time()
+    while True:
+        m = metrics(c)
+        if metric(m, "flowkv_in_flight") >= 1 and metric(m, "flowkv_queue_depth") >= 1:
+            break
+        assert time.time() - t0 < 20, m
+        time.sleep(0.02)
+    code, out = curl("-i", "-H", "Content-Type: application/json", "--data-binary",
+                     json.dumps({"prompt": PROMPT, "size": "32x32", "steps": 1}),
+                     c.url + "/v1/images/generations")
+    assert code == 503 and b"Retry-After: 5" in out and b'"queue_full"' in out, out
+    for t in threads:
+        t.join(timeout=60)
+    assert isinstance(got.get("plain"), openai.APIStatusError), got
+    assert isinstance(got.get("stream"), openai.APIError), got
+    assert [x.status_code for x in [got["plain"]]] == [504], got
+    assert "time limit" in str(got["stream"]), got
 
 
 def test_qwen21(q):
@@ -586,9 +605,9 @@ def main():
     q.stop()
 
     c = Server(KLEIN, "--memory-budget", ARGS_BUDGET, "--timeout", "8", "--shutdown-grace", "0.5",
-               "--max-steps", "10000")
+               "--queue", "1", "--max-steps", "10000")
     run("memory_budget", test_memory_budget, c)
-    run("timeout", test_timeout, c)
+    run("timeout_and_queue_full", test_timeout_and_queue_full, c)
     run("sigterm_grace_over", test_sigterm_grace_over, c)
     if c.proc.poll() is None:
         c.stop()
