@@ -840,13 +840,19 @@ std::string route_of(const std::string& path) {
   return kRoutes.count(path) ? path : "other";
 }
 
-std::atomic<int> g_signal{0};
-
 }  // namespace
 
 int serve(const ServeOptions& options) {
   FLOWKV_CHECK(options.workers >= 1 && options.workers <= 256, "--workers must be from 1 to 256");
   FLOWKV_CHECK(options.queue >= 0 && options.queue <= 65536, "--queue must be from 0 to 65536");
+  // SIGINT and SIGTERM: blocked first, so that every thread started later (httplib's, the
+  // kernels' pools) inherits the mask; the main thread takes them with sigwait below.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
   auto s = std::make_unique<State>();
   s->opt = options;
   s->model_id = options.model_id;
@@ -868,14 +874,6 @@ int serve(const ServeOptions& options) {
   s->store = std::make_shared<ReferenceStore>(so);
   s->admission = std::make_unique<Admission>(options.workers, options.queue, options.memory_budget,
                                              s->metrics);
-
-  // Signals: blocked in every thread, taken by sigwait below.
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  std::signal(SIGPIPE, SIG_IGN);
 
   httplib::Server svr;
   // Connection threads: every running and waiting request holds one, plus a few for /health and
@@ -1006,11 +1004,7 @@ int serve(const ServeOptions& options) {
         std::chrono::milliseconds(static_cast<int64_t>(options.shutdown_grace_seconds * 1000));
     timespec tick{0, 100 * 1000 * 1000};
     while (!done && Clock::now() < until) {
-      int s2 = 0;
-      if (sigtimedwait(&set, nullptr, &tick) > 0) {
-        (void)s2;
-        break;
-      }
+      if (sigtimedwait(&set, nullptr, &tick) > 0) break;  // a second signal: stop them now
     }
     if (!done) st.abort_all = true;
   });
@@ -1018,7 +1012,6 @@ int serve(const ServeOptions& options) {
   done = true;
   watchdog.join();
   std::fprintf(stderr, "stopped\n");
-  (void)g_signal;
   return 0;
 }
 
