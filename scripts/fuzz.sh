@@ -38,7 +38,7 @@ read -r -a targets <<<"${FLOWKV_FUZZ_TARGETS:-fuzz_safetensors_header fuzz_shard
   fuzz_inspect_folder fuzz_gguf fuzz_pipeline_index fuzz_png \
   fuzz_jpeg fuzz_tokenizer fuzz_tokenizer_json fuzz_qwen3_config \
   fuzz_flux2_vae_config fuzz_qwen3_vl fuzz_qwen3_vl_config fuzz_qwen21_vae_config \
-  fuzz_server_request}"
+  fuzz_store_entry fuzz_server_request}"
 dict=tests/fuzz/json_safetensors.dict
 tests/fuzz/make_seeds.sh build-fuzz/seeds >/dev/null
 

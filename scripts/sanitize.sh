@@ -27,7 +27,7 @@ exclude='^format$'
 # Their parsers are fuzzed under ASan + UBSan (scripts/fuzz.sh), and the kernels they run are
 # exercised here through ops_test and thread_test. Their gtest entries show as *_NOT_BUILT here.
 asan_tests=(ops_test io_test gguf_test thread_test atomic_write_test hostile_test image_test
-            tokenizer_test server_request_test)
+            tokenizer_test ref_store_test server_request_test)
 build_target=(--target "${asan_tests[@]}")
 exclude+='|_NOT_BUILT$'
 

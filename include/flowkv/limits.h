@@ -53,4 +53,11 @@ inline constexpr int64_t kMaxTokenBytes = 4096;
 inline constexpr int64_t kMaxAddedTokens = 65536;
 inline constexpr int64_t kMaxTextBytes = int64_t{16} << 20;
 
+// The reference store's entries (and its disk tier's files): tensors of one entry (a "prompt"
+// entry holds a few, a "kv" entry one per KV memory), dimensions of one tensor (a KV memory has
+// 4), and bytes of an entry kind's name ("latents").
+inline constexpr int64_t kMaxStoreTensors = 4096;
+inline constexpr int64_t kMaxStoreNdim = 8;
+inline constexpr int64_t kMaxStoreKindBytes = 32;
+
 }  // namespace flowkv::limits

@@ -14,6 +14,7 @@
 #include "flowkv/predict.h"
 #include "flowkv/profile.h"
 #include "flowkv/step_cache.h"
+#include "flowkv/store.h"
 #include "flowkv/tensor.h"
 #include "flowkv/workspace.h"
 
@@ -95,6 +96,15 @@ struct DenoiseOptions {
   std::function<void(int step, int steps)> on_step;  // progress, after each step
   // Polled before each step: true stops the loop with flowkv::Cancelled (generate.h).
   std::function<bool()> cancelled;
+  // Called after each step with the x0 estimate latents - sigma * velocity, [B, h*w, C]
+  // packed as the latents (previews).
+  std::function<void(int step, int steps, const Tensor& x0)> on_estimate;
+  // The exact conditioning K/V shared across requests (store.h): a request whose conditioning
+  // was seen before splices it from the first step on, bit-identical to computing it.
+  std::shared_ptr<ReferenceStore> store;
+  // Called once the store has been asked, before the first step: how many of the request's
+  // conditioning memories it held.
+  std::function<void(int64_t hits, int64_t misses)> on_store_lookup;
 };
 
 struct DenoiseResult {
@@ -108,6 +118,9 @@ struct DenoiseResult {
   bool cfg = false;          // an unconditional branch ran
   bool batched_cfg = false;  // both branches ran as one batched forward
   std::vector<StepCacheStats> step_caches;
+  // The reference store's "kv" keys this run used (hex SHA-256), and how many were found.
+  std::vector<std::string> store_keys;
+  int64_t store_hits = 0, store_misses = 0;
 };
 
 // Writes a built-in model as a diffusers-format folder (config.json + safetensors) that load()

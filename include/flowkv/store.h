@@ -42,7 +42,7 @@ struct StoreStats {
   int64_t evictions = 0;   // entries dropped from RAM to stay within the budget
   int64_t rejected = 0;    // entries larger than the budget left by pinned ones (not kept)
   int64_t disk_writes = 0, disk_evictions = 0;
-  int64_t disk_errors = 0;                   // disk files that failed their check and were removed
+  int64_t disk_errors = 0;                   // files failing their check (removed); failed writes
   int64_t entries = 0, bytes = 0;            // in RAM now
   int64_t pinned = 0, pinned_bytes = 0;      // held by running requests now
   int64_t disk_entries = 0, disk_bytes = 0;  // in the disk tier now

@@ -1,4 +1,6 @@
 // denoise() and kv_bytes_needed() for every family: the family's adapter driven by the one loop.
+#include <algorithm>
+
 #include "core/arena.h"
 #include "families/family.h"
 #include "flowkv/error.h"
@@ -30,8 +32,16 @@ DenoiseResult denoise(const Model& model, const DenoiseInputs& in, const Denoise
   auto adapter = model.impl().model->adapter(in, o);
   Workspace local;
   Arena& arena = (ws ? *ws : local).arena();
-  const pipeline::LoopResult res =
-      pipeline::run_denoise({&arena}, *adapter, pipeline::loop_options(o));
+  pipeline::LoopOptions lo = pipeline::loop_options(o);
+  lo.model_identity = model.impl().identity;
+  if (o.on_estimate) {
+    lo.on_estimate = [&](int step, int steps, const float* x0) {
+      Tensor t = Tensor::empty(in.noise.shape());
+      std::copy_n(x0, t.numel(), t.f32());
+      o.on_estimate(step, steps, t);
+    };
+  }
+  const pipeline::LoopResult res = pipeline::run_denoise({&arena}, *adapter, lo);
   DenoiseResult out;
   out.latents = Tensor::from_vector(res.latents, in.noise.shape());
   out.sigmas = res.schedule.sigmas;
@@ -43,6 +53,8 @@ DenoiseResult denoise(const Model& model, const DenoiseInputs& in, const Denoise
   out.cfg = res.cfg;
   out.batched_cfg = res.batched_cfg;
   out.step_caches = res.step_caches;
+  out.store_keys = res.store_keys;
+  for (bool hit : res.store_hit) ++(hit ? out.store_hits : out.store_misses);
   return out;
 }
 

@@ -2,6 +2,7 @@
 #include "families/family.h"
 #include "flowkv/error.h"
 #include "flowkv/model.h"
+#include "pipeline/identity.h"
 #include "pipeline/request_limits.h"
 
 namespace flowkv {
@@ -42,13 +43,17 @@ void export_zero_weights(const std::string& name, const std::string& dtype,
 
 Model Model::load(const std::string& path, const std::string& dtype) {
   const families::Family& f = families::resolve(path);
-  return Model(std::make_shared<Impl>(Impl{&f, f.load(path, dtype)}));
+  auto impl = std::make_shared<Impl>(Impl{&f, f.load(path, dtype)});
+  impl->identity = pipeline::component_identity(path, impl->model->compute_dtype());
+  return Model(std::move(impl));
 }
 
 Model Model::builtin(const std::string& name, uint64_t seed, const std::string& dtype) {
   for (const families::Family& f : families::registry()) {
     if (f.has_builtin(name))
-      return Model(std::make_shared<Impl>(Impl{&f, f.builtin(name, seed, dtype)}));
+      return Model(std::make_shared<Impl>(
+          Impl{&f, f.builtin(name, seed, dtype),
+               "builtin " + name + " seed " + std::to_string(seed) + " " + dtype}));
   }
   std::string names;
   for (const families::Family& f : families::registry()) {

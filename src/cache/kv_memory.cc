@@ -15,6 +15,18 @@ KVMemory::KVMemory(int64_t layers, int64_t batch, int64_t tokens, int64_t width,
   filled_.assign(static_cast<size_t>(layers), false);
 }
 
+KVMemory::KVMemory(Tensor data, int64_t layers, int64_t batch, int64_t tokens, int64_t width)
+    : layers_(layers), batch_(batch), tokens_(tokens), width_(width), dtype_(data.dtype()) {
+  FLOWKV_CHECK(dtype_ == DType::kF32 || dtype_ == DType::kBF16, "KV memory holds F32 or BF16");
+  FLOWKV_CHECK(layers >= 0 && batch > 0 && tokens >= 0 && width > 0, "bad KV memory shape");
+  FLOWKV_CHECK(data.shape() == Shape({layers, 2, batch * tokens, width}), "KV memory: stored data ",
+               shape_str(data.shape()), " does not fit [", layers, ", 2, ", batch * tokens, ", ",
+               width, "]");
+  layer_elems_ = batch * tokens * width;
+  data_ = std::move(data);
+  filled_.assign(static_cast<size_t>(layers), true);
+}
+
 int64_t KVMemory::payload_bytes(int64_t layers, int64_t batch, int64_t tokens, int64_t width,
                                 DType dtype) {
   return 2 * layers * batch * tokens * width * dtype_size(dtype);

@@ -14,6 +14,9 @@ namespace flowkv {
 class KVMemory {
  public:
   KVMemory(int64_t layers, int64_t batch, int64_t tokens, int64_t width, DType dtype);
+  // A memory every layer of which is already stored: `data` as data() gives it (e.g. from the
+  // reference store); its shape and dtype must match.
+  KVMemory(Tensor data, int64_t layers, int64_t batch, int64_t tokens, int64_t width);
 
   int64_t layers() const { return layers_; }
   int64_t batch() const { return batch_; }
@@ -30,6 +33,8 @@ class KVMemory {
   void store(int64_t layer, Mat k, Mat v, int64_t batch_rows = 0);
   bool filled(int64_t layer) const { return filled_.at(static_cast<size_t>(layer)); }
   bool complete() const;
+  // The payload [layers, 2, batch*tokens, width]: shared storage, to be read only once complete.
+  const Tensor& data() const { return data_; }
   // A view for attention. Throws if the layer was never stored.
   ops::KVSource source(int64_t layer) const;
   // One layer's K or V as an f32 tensor [batch, tokens, width] (tests and tracing).

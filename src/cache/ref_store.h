@@ -76,6 +76,9 @@ class Store {
   StoreStats stats() const;
   void clear();
   const StoreOptions& options() const;
+  // What the last disk error was (a file that failed its check, a write that failed), for
+  // logs; "" when none.
+  std::string last_disk_error() const;
 
   struct State;
 

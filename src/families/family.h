@@ -177,5 +177,8 @@ namespace flowkv {
 struct Model::Impl {
   const families::Family* family = nullptr;
   std::shared_ptr<const families::FamilyModel> model;
+  // What the reference store's keys start with: the weights and their revision, the compute
+  // type (pipeline/identity.h). Empty for a model built in memory: it uses no store.
+  std::string identity;
 };
 }  // namespace flowkv

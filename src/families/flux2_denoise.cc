@@ -81,9 +81,16 @@ class Flux2Adapter final : public pipeline::DenoiseAdapter {
     return (ref_mem_ ? ref_mem_->bytes() : 0) + (txt_mem_ ? txt_mem_->bytes() : 0);
   }
   bool approximate() const override { return plan_.approximate; }
-  bool prefill(int, int step) const override { return step == 0 && (refs_cached_ || text_cached_); }
+  bool prefill(int, int) const override {
+    return (ref_mem_ && !ref_mem_->complete()) || (txt_mem_ && !txt_mem_->complete());
+  }
   void forward(const ExecContext& ctx, int branch, const pipeline::StepCall& call) override;
   float* velocity(int) override { return velocity_.data(); }
+  // The references' memory (Klein KV): it reads the references only.
+  int shared_memories() const override { return ref_mem_ ? 1 : 0; }
+  void describe_memory(int, store::KeyBuilder& key) const override;
+  std::shared_ptr<KVMemory> memory(int) const override { return ref_mem_; }
+  void adopt_memory(int, std::shared_ptr<KVMemory> m) override { ref_mem_ = std::move(m); }
 
  private:
   static constexpr float kRefTimestep = 0.0f;  // references are modulated from t = 0
@@ -108,7 +115,7 @@ class Flux2Adapter final : public pipeline::DenoiseAdapter {
   int64_t R_ = 0;  // reference tokens, all references
   std::vector<float> txt_ids_, img_ids_, ref_ids_, timestep_, velocity_;
   std::vector<float> joint_rows_, joint_ids_, joint_velocity_;  // [target, refs] (joint rule)
-  std::unique_ptr<KVMemory> ref_mem_, txt_mem_;  // the request's memories, never the model's
+  std::shared_ptr<KVMemory> ref_mem_, txt_mem_;  // the request's memories, never the model's
 };
 
 // Shapes and dtypes of the tensors, before any size is trusted.
@@ -180,9 +187,9 @@ int Flux2Adapter::prepare(bool) {
   img_ids_ = grid_ids(in_.height, in_.width, 0);
   gather_references();
   if (refs_cached_)
-    ref_mem_ = std::make_unique<KVMemory>(m_.kv_layers(), B, R_, m_.kv_width(), m_.kv_dtype());
+    ref_mem_ = std::make_shared<KVMemory>(m_.kv_layers(), B, R_, m_.kv_width(), m_.kv_dtype());
   if (text_cached_)
-    txt_mem_ = std::make_unique<KVMemory>(m_.kv_layers(), B, L(), m_.kv_width(), m_.kv_dtype());
+    txt_mem_ = std::make_shared<KVMemory>(m_.kv_layers(), B, L(), m_.kv_width(), m_.kv_dtype());
   velocity_.resize(static_cast<size_t>(B * N() * m_.config().out_features()));
   timestep_.resize(static_cast<size_t>(B));
   if (joint_ && R_ > 0) {
@@ -222,23 +229,36 @@ void Flux2Adapter::forward_joint(const ExecContext& ctx, const pipeline::StepCal
   }
 }
 
+// Klein KV's references: modulated at t = 0, reading each other only, each at its offset
+// 10 * (i + 1); the text is not read.
+void Flux2Adapter::describe_memory(int, store::KeyBuilder& key) const {
+  key.text("rule", "flux2 klein-kv references").real("reference time", kRefTimestep);
+  key.integer("references", static_cast<int64_t>(in_.references.size()));
+  for (size_t i = 0; i < in_.references.size(); ++i) {
+    const ReferenceLatents& r = in_.references[i];
+    key.real("offset", 10.0 * static_cast<double>(i + 1));
+    key.integer("height", r.height).integer("width", r.width).tensor("latents", r.latents);
+  }
+}
+
 void Flux2Adapter::forward(const ExecContext& ctx, int, const pipeline::StepCall& call) {
-  const bool first = call.step == 0;
   std::fill(timestep_.begin(), timestep_.end(), call.timestep);
   flux2::ForwardArgs a;
   a.batch = batch();
   // Text: cached only under text-kv-approx.
-  a.segments.push_back({.kind = SegmentKind::kText,
-                        .name = "text",
-                        .rows = in_.prompt.embeds.f32(),
-                        .tokens = L(),
-                        .ids = txt_ids_.data(),
-                        .kv = loop_route(text_cached_, first, txt_mem_.get())});
+  a.segments.push_back(
+      {.kind = SegmentKind::kText,
+       .name = "text",
+       .rows = in_.prompt.embeds.f32(),
+       .tokens = L(),
+       .ids = txt_ids_.data(),
+       .kv = loop_route(text_cached_, txt_mem_ && txt_mem_->complete(), txt_mem_.get())});
   a.timestep = timestep_.data();
   a.hooks = call.hooks;
   if (joint_ && R_ > 0) return forward_joint(ctx, call, a);
   // References: one stream with one memory over all of them.
-  const SegmentKV ref_kv = loop_route(refs_cached_, first, ref_mem_.get());
+  const SegmentKV ref_kv =
+      loop_route(refs_cached_, ref_mem_ && ref_mem_->complete(), ref_mem_.get());
   for (size_t i = 0, off = 0; i < in_.references.size(); ++i) {
     const ReferenceLatents& ref = in_.references[i];
     a.segments.push_back({.kind = SegmentKind::kReference,

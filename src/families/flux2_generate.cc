@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 
 #include "core/arena.h"
 #include "core/random.h"
@@ -23,7 +24,10 @@
 #include "models/flux2/config.h"
 #include "models/flux2_vae/model.h"
 #include "models/qwen3/model.h"
+#include "pipeline/denoise_stage.h"
+#include "pipeline/identity.h"
 #include "pipeline/reference_image.h"
+#include "pipeline/request_store.h"
 #include "pipeline/stages.h"
 #include "text/tokenizer.h"
 
@@ -90,48 +94,82 @@ std::string size_str(int64_t w, int64_t h) {
   return std::to_string(w) + "x" + std::to_string(h);
 }
 
-// The prompt stage: [1, 512, 3 * hidden] embeddings.
+// The prompt stage: [1, 512, 3 * hidden] embeddings (from the reference store when it holds
+// these token ids' embeddings by this text encoder).
 Tensor encode_prompt(const Components& c, const GenerateRequest& req, pipeline::Stage& stage,
-                     bool* truncated) {
+                     pipeline::RequestStore& rs, bool* truncated) {
   const text::Tokenizer tok = text::Tokenizer::from_json_file(c.tokenizer + "/tokenizer.json");
   const text::PromptTokens t = text::klein_prompt_tokens(tok, req.prompt, kMaxTextTokens);
   *truncated = t.truncated;
   stage.advance(1, "tokenized");
-  qwen3::LoadOptions lo;
-  lo.last_hidden_state = qwen3::kKleinLayers[2];
-  const qwen3::Encoder enc = qwen3::Encoder::load(c.text_encoder, lo);
-  stage.advance(2, "text encoder loaded");
-  Arena arena;
-  const ExecContext ctx{&arena};
-  Tensor embeds = qwen3::klein_prompt_embeds(ctx, enc, {.ids = t.ids, .mask = t.mask, .batch = 1});
+  auto compute = [&]() -> std::vector<Tensor> {
+    qwen3::LoadOptions lo;
+    lo.last_hidden_state = qwen3::kKleinLayers[2];
+    const qwen3::Encoder enc = qwen3::Encoder::load(c.text_encoder, lo);
+    stage.advance(2, "text encoder loaded");
+    Arena arena;
+    const ExecContext ctx{&arena};
+    return {qwen3::klein_prompt_embeds(ctx, enc, {.ids = t.ids, .mask = t.mask, .batch = 1})};
+  };
+  bool hit = false;
+  Tensor embeds;
+  if (rs.active()) {
+    store::KeyBuilder key("prompt");
+    pipeline::add_files_identity(key, "text encoder", c.text_encoder);
+    key.text("rule", "flux2 klein hidden states 9 18 27");
+    key.bytes("ids", t.ids.data(), t.ids.size() * sizeof(t.ids[0]));
+    key.bytes("mask", t.mask.data(), t.mask.size() * sizeof(t.mask[0]));
+    embeds = rs.get(key.finish(), compute, &hit).at(0);
+  } else {
+    embeds = compute().at(0);
+  }
   int64_t n = 0;
   for (int32_t m : t.mask) n += m;
   stage.detail = std::to_string(n) + " of " + std::to_string(kMaxTextTokens) + " tokens" +
                  (t.truncated ? " (truncated from " + std::to_string(t.untruncated_length) +
                                     ": the end of the prompt is lost, as diffusers cuts it)"
-                              : "");
-  stage.advance(3, "encoded");
+                              : "") +
+                 (hit ? ", from the reference store" : "");
+  stage.advance(3, hit ? "from the reference store" : "encoded");
   return embeds;
 }
 
 // The references stage: each image preprocessed as the pipeline does, VAE-encoded, packed.
+// Each reference's latents come from the reference store when it holds this VAE's encoding of
+// the same preprocessed pixels; the VAE is loaded only when one is missing.
 std::vector<ReferenceLatents> encode_references(const Components& c, const GenerateRequest& req,
-                                                pipeline::Stage& stage, int64_t* last_w,
-                                                int64_t* last_h) {
+                                                pipeline::Stage& stage, pipeline::RequestStore& rs,
+                                                int64_t* last_w, int64_t* last_h) {
   std::vector<Image> images;
   for (const std::string& path : req.references) {
     images.push_back(flux2_reference_image(load_image(path), path));
   }
-  const flux2_vae::Vae vae = flux2_vae::Vae::load(c.vae);
+  std::optional<flux2_vae::Vae> vae;
   const ExecContext ctx{};
   std::vector<ReferenceLatents> out;
   for (size_t i = 0; i < images.size(); ++i) {
-    const Tensor z = vae.encode(ctx, image_to_tensor(images[i]));  // [1, 4L, h, w]
+    auto compute = [&]() -> std::vector<Tensor> {
+      if (!vae) vae.emplace(flux2_vae::Vae::load(c.vae));
+      return {vae->encode(ctx, image_to_tensor(images[i]))};  // [1, 4L, h, w]
+    };
+    bool hit = false;
+    Tensor z;
+    if (rs.active()) {
+      store::KeyBuilder key("latents");
+      pipeline::add_files_identity(key, "vae", c.vae);
+      key.text("rule", "flux2 reference: crop to 16, VAE mode");
+      key.integer("width", images[i].width).integer("height", images[i].height);
+      key.integer("channels", images[i].channels);
+      key.bytes("pixels", images[i].pixels.data(), images[i].pixels.size());
+      z = rs.get(key.finish(), compute, &hit).at(0);
+    } else {
+      z = compute().at(0);
+    }
     const int64_t h = z.dim(2), w = z.dim(3);
     out.push_back({flux2_vae::pack(z), h, w});
     stage.detail += (stage.detail.empty() ? "" : ", ") +
                     size_str(images[i].width, images[i].height) + " (" + std::to_string(h * w) +
-                    " tokens)";
+                    " tokens" + (hit ? ", from the reference store" : "") + ")";
     stage.advance(static_cast<int64_t>(i + 1), req.references[i]);
     *last_w = images[i].width, *last_h = images[i].height;
   }
@@ -167,6 +205,14 @@ std::pair<int64_t, int64_t> target_grid(const Components& c, const GenerateReque
   return {gw, gh};
 }
 
+// Packed latents [1, h*w, C] to 8-bit pixels. Untiled, as diffusers decodes by default;
+// --vae-tiling bounds memory for large images.
+Image decode_latents(const flux2_vae::Vae& vae, const Tensor& latents, int64_t gh, int64_t gw,
+                     bool tiled) {
+  const flux2_vae::DecodeOptions d{.tiled = tiled, .tile_latent = 64};
+  return tensor_to_image(vae.decode(ExecContext{}, flux2_vae::unpack(latents, gh, gw), d));
+}
+
 void check_request(const PipelineFolder& p, const GenerateRequest& req) {
   FLOWKV_CHECK(!req.has_negative_prompt && req.cfg_scale <= 1.0f, p.path,
                ": FLUX.2 Klein runs without classifier-free guidance (the distilled pipelines "
@@ -181,15 +227,16 @@ GenerateResult generate_klein(const PipelineFolder& p, const GenerateRequest& re
   const Components c = check_components(p);
   GenerateResult res;
   pipeline::StageRunner stages(progress, control, res.stages);
+  pipeline::RequestStore rs(control.store);
   const Tensor embeds = stages.run("prompt", 3, [&](pipeline::Stage& s) {
-    return encode_prompt(c, req, s, &res.prompt_truncated);
+    return encode_prompt(c, req, s, rs, &res.prompt_truncated);
   });
   int64_t ref_w = 0, ref_h = 0;
   std::vector<ReferenceLatents> refs;
   if (!req.references.empty()) {
     refs = stages.run(
         "references", static_cast<int64_t>(req.references.size()),
-        [&](pipeline::Stage& s) { return encode_references(c, req, s, &ref_w, &ref_h); });
+        [&](pipeline::Stage& s) { return encode_references(c, req, s, rs, &ref_w, &ref_h); });
   }
   const std::pair<int64_t, int64_t> grid = target_grid(c, req, ref_w, ref_h);
   const int64_t gw = grid.first, gh = grid.second, m = c.vae_cfg.pixel_multiple();
@@ -211,31 +258,19 @@ GenerateResult generate_klein(const PipelineFolder& p, const GenerateRequest& re
     o.steps = steps;
     o.mode = req.kv_cache ? KVMode::kCached : KVMode::kRecompute;
     o.step_caches = req.step_caches;
-    o.cancelled = control.cancelled;
-    // Klein KV's references are computed at step 1 and read from the cache after it.
+    o.store = control.store;
+    // Klein KV's references are computed at step 1 and read from the cache after it (or from
+    // the reference store at every step).
     const bool refs_cached =
         req.kv_cache && !refs.empty() && p.class_name == "Flux2KleinKVPipeline";
-    auto last = std::chrono::steady_clock::now();
-    o.on_step = [&](int step, int steps) {
-      const auto now = std::chrono::steady_clock::now();
-      const double seconds = std::chrono::duration<double>(now - last).count();
-      char secs[32];
-      std::snprintf(secs, sizeof secs, "%.2f s", seconds);
-      last = now;
-      if (control.on_step) {
-        control.on_step({.step = step,
-                         .steps = steps,
-                         .seconds = seconds,
-                         .conditioning_cached = refs_cached && step > 1});
-      }
-      const std::string cache = refs.empty()   ? ""
-                                : !refs_cached ? ", references computed"
-                                : step == 1    ? ", references computed, K/V stored"
-                                               : ", references from the KV cache";
-      s.advance(step,
-                "step " + std::to_string(step) + "/" + std::to_string(steps) + " " + secs + cache);
-    };
+    pipeline::DenoiseStage ds(s, control, refs.empty() ? "" : "references", refs_cached);
+    std::optional<flux2_vae::Vae> preview_vae;
+    ds.attach(o, [&](const Tensor& x0) {
+      if (!preview_vae) preview_vae.emplace(flux2_vae::Vae::load(c.vae));
+      return decode_latents(*preview_vae, x0, gh, gw, false);
+    });
     const DenoiseResult r = denoise(model, in, o);
+    rs.add(r);
     steps_run = static_cast<int>(r.step_seconds.size());
     s.detail = std::to_string(r.step_seconds.size()) + " steps, " +
                (r.kv_bytes > 0 ? "references' K/V computed at step 1 and reused after it (" +
@@ -247,15 +282,14 @@ GenerateResult generate_klein(const PipelineFolder& p, const GenerateRequest& re
   res.parameters = parameters_text(req, p, res.width, res.height, steps_run);
   const Image image = stages.run("decode", 1, [&](pipeline::Stage& s) {
     const flux2_vae::Vae vae = flux2_vae::Vae::load(c.vae);
-    // Untiled, as diffusers decodes by default; --vae-tiling bounds memory for large images.
-    const flux2_vae::DecodeOptions d{.tiled = req.vae_tiling, .tile_latent = 64};
-    const Tensor rgb = vae.decode(ExecContext{}, flux2_vae::unpack(latents, gh, gw), d);
+    Image im = decode_latents(vae, latents, gh, gw, req.vae_tiling);
     s.advance(1, "decoded");
     s.detail = size_str(res.width, res.height);
-    return tensor_to_image(rgb);
+    return im;
   });
   res.channels = image.channels;
   res.pixels = image.pixels;
+  rs.report(res);
   return res;
 }
 

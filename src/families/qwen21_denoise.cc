@@ -41,7 +41,8 @@ struct Branch {
   std::vector<float> text, cond;  // only when two prompts are batched together
   std::vector<uint8_t> valid;
   qwen::Args21 args;
-  std::unique_ptr<KVMemory> memory;
+  std::shared_ptr<KVMemory> memory;
+  std::vector<const Prompt*> prompts;  // in batch order: what the prefix reads
   std::vector<float> out, target_in, timestep;
 };
 
@@ -79,11 +80,21 @@ class Qwen21Adapter final : public pipeline::DenoiseAdapter {
   float cfg_scale() const override { return in_.cfg_scale; }
   int64_t kv_bytes() const override;
   bool approximate() const override { return false; }
-  bool prefill(int branch, int step) const override {
-    return branches_[static_cast<size_t>(branch)].memory && step == 0;
+  bool prefill(int branch, int) const override {
+    const Branch& br = branches_[static_cast<size_t>(branch)];
+    return br.memory && !br.memory->complete();
   }
   void forward(const ExecContext& ctx, int branch, const pipeline::StepCall& call) override;
   float* velocity(int branch) override { return branches_[static_cast<size_t>(branch)].out.data(); }
+  // One prefix memory per branch: the prefix reads its own text and the conditions only.
+  int shared_memories() const override { return cached() ? static_cast<int>(branches_.size()) : 0; }
+  void describe_memory(int i, store::KeyBuilder& key) const override;
+  std::shared_ptr<KVMemory> memory(int i) const override {
+    return branches_[static_cast<size_t>(i)].memory;
+  }
+  void adopt_memory(int i, std::shared_ptr<KVMemory> m) override {
+    branches_[static_cast<size_t>(i)].memory = std::move(m);
+  }
 
  private:
   bool cached() const { return opts_.mode == KVMode::kCached && m_.config().causal_condition; }
@@ -178,6 +189,7 @@ void Qwen21Adapter::fill(Branch& br, std::initializer_list<const Prompt*> prompt
   const Prompt& first = **prompts.begin();
   const float* cond = cond_.empty() ? nullptr : cond_.data();
   br.batch = B * n;
+  br.prompts.assign(prompts.begin(), prompts.end());
   qwen::Args21& a = br.args;
   a.batch = br.batch;
   const float* text = first.text;  // [B*n, L, context_in_dim] rows, validity, conditions
@@ -226,7 +238,7 @@ void Qwen21Adapter::fill(Branch& br, std::initializer_list<const Prompt*> prompt
       {.kind = SegmentKind::kTarget, .name = "target", .tokens = tokens(), .grid = target_});
   br.out.resize(static_cast<size_t>(br.batch * tokens() * c.out_features()));
   if (cached()) {
-    br.memory = std::make_unique<KVMemory>(m_.kv_layers(), br.batch, prefix_tokens(first),
+    br.memory = std::make_shared<KVMemory>(m_.kv_layers(), br.batch, prefix_tokens(first),
                                            m_.kv_width(), m_.kv_dtype());
   }
 }
@@ -260,6 +272,25 @@ int64_t Qwen21Adapter::kv_bytes() const {
   return n;
 }
 
+// The branch's prefix [text, conditions]: each prompt's rows, validity and image slots, the
+// condition latents with their grids, and the prefix's modulation time.
+void Qwen21Adapter::describe_memory(int i, store::KeyBuilder& key) const {
+  const Branch& br = branches_[static_cast<size_t>(i)];
+  const auto& c = m_.config();
+  const SegmentTime t = m_.prefix_time();
+  key.text("rule", "qwen-image-2.1 causal prefix");
+  key.integer("time fixed", t.fixed ? 1 : 0).real("time", t.timestep);
+  key.integer("prompts", static_cast<int64_t>(br.prompts.size()));
+  for (const Prompt* p : br.prompts) {
+    key.integer("rows", p->len);
+    key.bytes("text", p->text, static_cast<size_t>(batch() * p->len * c.context_in_dim) * 4);
+    key.bytes("valid", p->valid.data(), p->valid.size());
+    key.bytes("slots", p->slots, p->slots ? static_cast<size_t>(p->len) : 0);
+  }
+  for (const qwen::Grid& g : grids_) key.integer("grid h", g.h).integer("grid w", g.w);
+  key.bytes("conditions", cond_.data(), cond_.size() * 4);
+}
+
 void Qwen21Adapter::forward(const ExecContext& ctx, int branch, const pipeline::StepCall& call) {
   Branch& br = branches_[static_cast<size_t>(branch)];
   const int64_t reps = br.batch / batch();  // the same latents for every prompt in the batch
@@ -270,7 +301,8 @@ void Qwen21Adapter::forward(const ExecContext& ctx, int branch, const pipeline::
   br.timestep.assign(static_cast<size_t>(br.batch), call.timestep);
   qwen::Args21 a = br.args;
   // The prefix is one memory: stored at step 0, spliced later; the text carries it.
-  const SegmentKV kv = loop_route(br.memory != nullptr, call.step == 0, br.memory.get());
+  const SegmentKV kv =
+      loop_route(br.memory != nullptr, br.memory && br.memory->complete(), br.memory.get());
   for (SegmentInput& s : a.segments) {
     if (s.kind == SegmentKind::kTarget) {
       s.rows = br.target_in.data();

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 
 #include "core/arena.h"
 #include "core/random.h"
@@ -36,6 +37,9 @@
 #include "models/qwen_image21_vae/model.h"
 #include "models/qwen_image21_vae/weights.h"
 #include "pipeline/condition_image.h"
+#include "pipeline/denoise_stage.h"
+#include "pipeline/identity.h"
+#include "pipeline/request_store.h"
 #include "pipeline/stages.h"
 
 namespace flowkv::families {
@@ -123,6 +127,27 @@ PromptEmbeds encode_branch(const qwen3_vl::PromptEncoder& enc, const std::string
   return PromptEmbeds{.embeds = e.embeds, .slots = e.slots, .mask = {}};
 }
 
+// Packed latents [1, h*w, C] to an RGBA picture.
+Image decode_latents(const qwen21_vae::Vae& vae, const Tensor& latents, int64_t gh, int64_t gw,
+                     bool tiled) {
+  const qwen21_vae::DecodeOptions d{.tiled = tiled};
+  return qwen21_vae::postprocess(vae.decode(ExecContext{}, qwen21_vae::unpack(latents, gh, gw), d))
+      .at(0);
+}
+
+// A prompt's image-slot mask as a tensor the reference store keeps (F32 0/1), and back.
+Tensor slots_tensor(const std::vector<uint8_t>& slots) {
+  Tensor t = Tensor::empty({static_cast<int64_t>(slots.size())});
+  for (size_t i = 0; i < slots.size(); ++i) t.f32()[i] = slots[i] ? 1.0f : 0.0f;
+  return t;
+}
+std::vector<uint8_t> slots_of(const Tensor& t) {
+  FLOWKV_CHECK(t.dtype() == DType::kF32 && t.ndim() == 1, "reference store: bad slot mask");
+  std::vector<uint8_t> s(static_cast<size_t>(t.numel()));
+  for (size_t i = 0; i < s.size(); ++i) s[i] = t.f32()[i] != 0.0f;
+  return s;
+}
+
 // The generation parameters, as A1111-style tools write them into a PNG.
 std::string parameters_text(const GenerateRequest& req, const PipelineFolder& p, int64_t w,
                             int64_t h, int steps, bool cfg, int64_t resolution) {
@@ -198,16 +223,46 @@ GenerateResult generate_qwen21(const PipelineFolder& p, const GenerateRequest& r
   std::vector<Image> vl_images;  // what the prompt encoder sees: alpha over white
   for (const Image& im : conds) vl_images.push_back(over_white(im));
   PromptEmbeds positive, negative;
+  pipeline::RequestStore rs(control.store);
   stages.run("prompt", cfg ? 3 : 2, [&](pipeline::Stage& s) {
-    const qwen3_vl::PromptEncoder enc = qwen3_vl::PromptEncoder::load(c.text_encoder, c.processor);
-    s.advance(1, "text encoder loaded");
-    std::string note;
-    positive = encode_branch(enc, req.prompt, vl_images, &note);
-    s.detail = "prompt: " + note;
+    // The encoder is loaded only when a branch is not in the reference store.
+    std::optional<qwen3_vl::PromptEncoder> enc;
+    auto branch = [&](const std::string& text, const char* name) {
+      std::string note;
+      auto compute = [&]() -> std::vector<Tensor> {
+        if (!enc) {
+          enc.emplace(qwen3_vl::PromptEncoder::load(c.text_encoder, c.processor));
+          s.advance(1, "text encoder loaded");
+        }
+        const PromptEmbeds e = encode_branch(*enc, text, vl_images, &note);
+        return {e.embeds, slots_tensor(e.slots)};
+      };
+      bool hit = false;
+      std::vector<Tensor> t;
+      if (rs.active()) {
+        store::KeyBuilder key("prompt");
+        pipeline::add_files_identity(key, "text encoder", c.text_encoder);
+        pipeline::add_files_identity(key, "processor", c.processor);
+        key.text("rule", "qwen-image-2.1 qwen3-vl prompt").text("text", text);
+        key.integer("images", static_cast<int64_t>(vl_images.size()));
+        for (const Image& im : vl_images) {
+          key.integer("width", im.width).integer("height", im.height);
+          key.integer("channels", im.channels);
+          key.bytes("pixels", im.pixels.data(), im.pixels.size());
+        }
+        t = rs.get(key.finish(), compute, &hit);
+      } else {
+        t = compute();
+      }
+      FLOWKV_CHECK(t.size() == 2, "reference store: a prompt entry holds 2 tensors");
+      if (hit) note = std::to_string(t[0].dim(1)) + " rows, from the reference store";
+      s.detail += (s.detail.empty() ? "" : "; ") + std::string(name) + ": " + note;
+      return PromptEmbeds{.embeds = t[0], .slots = slots_of(t[1]), .mask = {}};
+    };
+    positive = branch(req.prompt, "prompt");
     s.advance(2, "prompt encoded");
     if (cfg) {
-      negative = encode_branch(enc, req.negative_prompt, vl_images, &note);
-      s.detail += "; negative: " + note;
+      negative = branch(req.negative_prompt, "negative");
       s.advance(3, "negative prompt encoded");
     }
     return 0;
@@ -217,14 +272,32 @@ GenerateResult generate_qwen21(const PipelineFolder& p, const GenerateRequest& r
   if (!conds.empty()) {
     latents_in =
         stages.run("conditions", static_cast<int64_t>(conds.size()), [&](pipeline::Stage& s) {
-          const qwen21_vae::Vae vae = qwen21_vae::Vae::load(c.vae);
+          // The VAE is loaded only when an image's latents are not in the reference store.
+          std::optional<qwen21_vae::Vae> vae;
           std::vector<ReferenceLatents> out;
           for (size_t i = 0; i < conds.size(); ++i) {
-            const Tensor z = vae.encode(ExecContext{}, qwen21_vae::preprocess(conds[i]));
+            auto compute = [&]() -> std::vector<Tensor> {
+              if (!vae) vae.emplace(qwen21_vae::Vae::load(c.vae));
+              return {vae->encode(ExecContext{}, qwen21_vae::preprocess(conds[i]))};
+            };
+            bool hit = false;
+            Tensor z;
+            if (rs.active()) {
+              store::KeyBuilder key("latents");
+              pipeline::add_files_identity(key, "vae", c.vae);
+              key.text("rule", "qwen-image-2.1 condition: RGBA, VAE mode");
+              key.integer("width", conds[i].width).integer("height", conds[i].height);
+              key.integer("channels", conds[i].channels);
+              key.bytes("pixels", conds[i].pixels.data(), conds[i].pixels.size());
+              z = rs.get(key.finish(), compute, &hit).at(0);
+            } else {
+              z = compute().at(0);
+            }
             const int64_t h = z.dim(2), w = z.dim(3);
             out.push_back({qwen21_vae::pack(z), h, w});
             s.detail += (s.detail.empty() ? "" : ", ") + size_str(conds[i].width, conds[i].height) +
-                        " (" + std::to_string(h * w) + " tokens)";
+                        " (" + std::to_string(h * w) + " tokens" +
+                        (hit ? ", from the reference store" : "") + ")";
             s.advance(static_cast<int64_t>(i + 1), req.references[i]);
           }
           return out;
@@ -270,28 +343,16 @@ GenerateResult generate_qwen21(const PipelineFolder& p, const GenerateRequest& r
     }
     o.mode = req.kv_cache ? KVMode::kCached : KVMode::kRecompute;
     o.step_caches = req.step_caches;
-    o.cancelled = control.cancelled;
+    o.store = control.store;
     const bool cached = req.kv_cache && c.transformer_cfg.causal_condition;
-    auto last = std::chrono::steady_clock::now();
-    o.on_step = [&](int step, int n) {
-      const auto now = std::chrono::steady_clock::now();
-      const double seconds = std::chrono::duration<double>(now - last).count();
-      char secs[32];
-      std::snprintf(secs, sizeof secs, "%.2f s", seconds);
-      last = now;
-      if (control.on_step) {
-        control.on_step({.step = step,
-                         .steps = n,
-                         .seconds = seconds,
-                         .conditioning_cached = cached && step > 1});
-      }
-      const std::string cache = !cached     ? ", prefix computed"
-                                : step == 1 ? ", prefix computed, K/V stored"
-                                            : ", prefix from the KV cache";
-      s.advance(step, "step " + std::to_string(step) + "/" + std::to_string(n) + " " + secs +
-                          cache + (cfg ? " (2 branches)" : ""));
-    };
+    pipeline::DenoiseStage ds(s, control, "prefix", cached, cfg ? " (2 branches)" : "");
+    std::optional<qwen21_vae::Vae> preview_vae;
+    ds.attach(o, [&](const Tensor& x0) {
+      if (!preview_vae) preview_vae.emplace(qwen21_vae::Vae::load(c.vae));
+      return decode_latents(*preview_vae, x0, gh, gw, false);
+    });
     const DenoiseResult r = denoise(model, in, o);
+    rs.add(r);
     steps_run = static_cast<int>(r.step_seconds.size());
     s.detail = std::to_string(steps_run) + " steps" + (cfg ? " x 2 branches, " : ", ") +
                (r.kv_bytes > 0 ? "prefix K/V computed at step 1 and reused after it (" +
@@ -302,14 +363,14 @@ GenerateResult generate_qwen21(const PipelineFolder& p, const GenerateRequest& r
   res.parameters = parameters_text(req, p, res.width, res.height, steps_run, cfg, resolution);
   const Image image = stages.run("decode", 1, [&](pipeline::Stage& s) {
     const qwen21_vae::Vae vae = qwen21_vae::Vae::load(c.vae);
-    const qwen21_vae::DecodeOptions d{.tiled = req.vae_tiling};
-    const Tensor rgba = vae.decode(ExecContext{}, qwen21_vae::unpack(latents, gh, gw), d);
+    Image im = decode_latents(vae, latents, gh, gw, req.vae_tiling);
     s.advance(1, "decoded");
     s.detail = size_str(res.width, res.height) + " RGBA";
-    return qwen21_vae::postprocess(rgba).at(0);
+    return im;
   });
   res.channels = image.channels;
   res.pixels = image.pixels;
+  rs.report(res);
   return res;
 }
 

@@ -1,5 +1,6 @@
 #include "pipeline/denoise.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "flowkv/error.h"
@@ -48,6 +49,64 @@ void guide(const float* cond, const float* uncond, float scale, int64_t n, float
   }
 }
 
+// The request's shared memories against the reference store: each found is adopted (spliced
+// from the first step on), each missing one is inserted once the first step has filled it.
+// The handles pin the entries until the request ends.
+class StoreUse {
+ public:
+  StoreUse(DenoiseAdapter& a, const LoopOptions& o) : a_(a) {
+    if (!o.store || o.model_identity.empty()) return;
+    store_ = &store::of(*o.store);
+    for (int i = 0; i < a.shared_memories(); ++i) {
+      std::shared_ptr<KVMemory> m = a.memory(i);
+      if (!m) continue;
+      store::KeyBuilder kb("kv");
+      kb.text("model", o.model_identity);
+      kb.integer("memory", i);
+      kb.text("kv dtype", dtype_name(m->dtype()));
+      kb.integer("layers", m->layers()).integer("batch", m->batch());
+      kb.integer("tokens", m->tokens()).integer("width", m->width());
+      a.describe_memory(i, kb);
+      const store::Key key = kb.finish();
+      store::Handle h = store_->find(key);
+      keys_.push_back(key.hex());
+      hit_.push_back(h != nullptr);
+      if (h) {
+        FLOWKV_CHECK(h->tensors.size() == 1, "reference store: entry ", key.hex(), " holds ",
+                     h->tensors.size(), " tensors; a K/V entry holds one");
+        a.adopt_memory(i, std::make_shared<KVMemory>(h->tensors[0], m->layers(), m->batch(),
+                                                     m->tokens(), m->width()));
+        held_.push_back(std::move(h));
+      } else {
+        pending_.emplace_back(i, key);
+      }
+    }
+  }
+  // After the first step: every memory it filled goes into the store.
+  void filled() {
+    for (const auto& [i, key] : pending_) {
+      const std::shared_ptr<KVMemory> m = a_.memory(i);
+      if (!m || !m->complete()) continue;
+      held_.push_back(store_->insert(key, store::Entry{{m->data()}}));
+    }
+    pending_.clear();
+  }
+  int64_t hits() const { return static_cast<int64_t>(std::count(hit_.begin(), hit_.end(), true)); }
+  int64_t misses() const { return static_cast<int64_t>(hit_.size()) - hits(); }
+  void report(LoopResult& r) const {
+    r.store_keys = keys_;
+    r.store_hit = hit_;
+  }
+
+ private:
+  DenoiseAdapter& a_;
+  store::Store* store_ = nullptr;
+  std::vector<std::pair<int, store::Key>> pending_;
+  std::vector<store::Handle> held_;
+  std::vector<std::string> keys_;
+  std::vector<bool> hit_;
+};
+
 }  // namespace
 
 int64_t planned_kv_bytes(const DenoiseAdapter& a) {
@@ -62,6 +121,8 @@ LoopResult run_denoise(const ExecContext& ctx, DenoiseAdapter& a, const LoopOpti
   LoopResult res;
   StepCaches step_caches(o.step_caches, a.topology());
   const int branches = a.prepare(step_caches.active());
+  StoreUse store(a, o);
+  if (o.on_store_lookup) o.on_store_lookup(store.hits(), store.misses());
   res.cfg = a.cfg();
   res.batched_cfg = a.batched_cfg();
   res.approximate = a.approximate();
@@ -80,7 +141,7 @@ LoopResult run_denoise(const ExecContext& ctx, DenoiseAdapter& a, const LoopOpti
   if (bf16) {
     for (float& v : res.latents) v = round_bf16(v);
   }
-  std::vector<float> v(static_cast<size_t>(n));
+  std::vector<float> v(static_cast<size_t>(n)), x0(o.on_estimate ? static_cast<size_t>(n) : 0);
   for (int k = 0; k < steps; ++k) {
     if (o.cancelled && o.cancelled()) {
       throw Cancelled("cancelled before step " + std::to_string(k + 1) + " of " +
@@ -109,6 +170,7 @@ LoopResult run_denoise(const ExecContext& ctx, DenoiseAdapter& a, const LoopOpti
       a.forward(ctx, b, call);
       step_seconds += now() - t0;
     }
+    if (k == 0) store.filled();
     if (branches == 2 && step_caches.active()) finish_branches(step_caches, sc, a, ran_uncond);
     res.step_seconds.push_back(step_seconds);
     res.transformer_seconds += step_seconds;
@@ -120,8 +182,14 @@ LoopResult run_denoise(const ExecContext& ctx, DenoiseAdapter& a, const LoopOpti
                       res.schedule.sigmas[ks + 1], bf16);
     if (o.observe) o.observe(k, cond, uncond, v.data(), res.latents.data());
     if (o.on_step) o.on_step(k + 1, steps);
+    if (o.on_estimate) {  // x0 = x_k - sigma_k v = x_{k+1} - sigma_{k+1} v
+      const float s = static_cast<float>(res.schedule.sigmas[ks + 1]);
+      for (int64_t i = 0; i < n; ++i) x0[static_cast<size_t>(i)] = res.latents[i] - s * v[i];
+      o.on_estimate(k + 1, steps, x0.data());
+    }
   }
   res.step_caches = step_caches.stats();
+  store.report(res);
   res.loop_seconds = now() - t_start;
   return res;
 }

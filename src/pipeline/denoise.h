@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "cache/hooks.h"
+#include "cache/kv_memory.h"
+#include "cache/ref_store.h"
 #include "core/exec_context.h"
 #include "flowkv/model.h"
 #include "flowkv/step_cache.h"
@@ -68,6 +70,17 @@ class DenoiseAdapter {
   virtual void forward(const ExecContext& ctx, int branch, const StepCall& call) = 0;
   // Branch b's output: [B, N, C]; for a batched CFG branch 0, [2B, N, C] (cond, then uncond).
   virtual float* velocity(int branch) = 0;
+
+  // --- exact memories shared across requests (the reference store), after prepare()
+  // The memories whose content depends only on the request's conditioning (0: none).
+  virtual int shared_memories() const { return 0; }
+  // Adds to `key` everything besides the model's identity that decides memory i's content:
+  // the rule, the segments' inputs (bytes), their positions, grids and modulation times.
+  virtual void describe_memory(int, store::KeyBuilder&) const {}
+  virtual std::shared_ptr<KVMemory> memory(int) const { return nullptr; }
+  // Puts a complete memory of the same shape in memory i's place: its segments are spliced
+  // from it from the first step on, and prefill() is false.
+  virtual void adopt_memory(int, std::shared_ptr<KVMemory>) {}
 };
 
 struct LoopOptions {
@@ -80,6 +93,13 @@ struct LoopOptions {
   std::vector<std::string> step_caches;
   std::function<void(int step, int steps)> on_step;
   std::function<bool()> cancelled;  // polled before each step: true throws flowkv::Cancelled
+  // The reference store, and the model's identity (weights and revision, compute type) its
+  // keys start with; no store, or an empty identity (a model built in memory): not used.
+  std::shared_ptr<ReferenceStore> store;
+  std::string model_identity;
+  // After each step: the x0 estimate latents - sigma * velocity, [B*N*C] (previews).
+  std::function<void(int step, int steps, const float* x0)> on_estimate;
+  std::function<void(int64_t hits, int64_t misses)> on_store_lookup;
   // Sees every step's velocities (uncond nullptr without CFG), the guided velocity and the
   // latents after the update (tests).
   std::function<void(int step, const float* cond, const float* uncond, const float* v,
@@ -97,6 +117,9 @@ struct LoopResult {
   int64_t kv_bytes = 0;
   bool cfg = false, batched_cfg = false, approximate = false;
   std::vector<StepCacheStats> step_caches;
+  // The reference store's "kv" keys (hex) of the shared memories, and whether each was found.
+  std::vector<std::string> store_keys;
+  std::vector<bool> store_hit;
 };
 
 // The loop's part of the public options (steps already resolved).
@@ -108,6 +131,8 @@ inline LoopOptions loop_options(const DenoiseOptions& o) {
   l.step_caches = o.step_caches;
   l.on_step = o.on_step;
   l.cancelled = o.cancelled;
+  l.store = o.store;
+  l.on_store_lookup = o.on_store_lookup;
   return l;
 }
 

@@ -28,10 +28,12 @@ struct SegmentKV {
 };
 
 // The route of a segment over a denoising loop: a cached segment is computed and stored into
-// `memory` at the first step and spliced from it later; the others are computed every step.
-inline SegmentKV loop_route(bool cached, bool first_step, KVMemory* memory) {
+// `memory` until it holds every layer (the first step), and spliced from it after that (later
+// steps; every step when the memory came filled from the reference store); the others are
+// computed every step.
+inline SegmentKV loop_route(bool cached, bool stored, KVMemory* memory) {
   if (!cached) return {};
-  if (first_step) return {.route = KVRoute::kComputeAndStore, .store = memory};
+  if (!stored) return {.route = KVRoute::kComputeAndStore, .store = memory};
   return {.route = KVRoute::kSplice, .memory = memory};
 }
 

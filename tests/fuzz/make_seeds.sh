@@ -10,7 +10,8 @@ golden="$root/tests/golden"
 targets=(fuzz_safetensors_header fuzz_shard_index fuzz_flux2_config fuzz_qwen_config
          fuzz_inspect_folder fuzz_gguf fuzz_pipeline_index fuzz_png
          fuzz_jpeg fuzz_tokenizer fuzz_tokenizer_json fuzz_qwen3_config
-         fuzz_flux2_vae_config fuzz_qwen3_vl fuzz_qwen3_vl_config fuzz_qwen21_vae_config)
+         fuzz_flux2_vae_config fuzz_qwen3_vl fuzz_qwen3_vl_config fuzz_qwen21_vae_config
+         fuzz_store_entry)
 for t in "${targets[@]}"; do rm -rf "${out:?}/$t"; mkdir -p "$out/$t"; done
 
 # Bytes of an unsigned integer, little-endian, on stdout.
@@ -94,6 +95,50 @@ cp "$golden/tokenizer/tiny_tokenizer.json" "$out/fuzz_tokenizer_json/"
 printf '\x01\x00a red fox' >"$out/fuzz_qwen3_vl/t2i"
 printf '\x01\x02\x00\x02\x04\x01\x03\x02Put <image1> in <|im_start|>' >"$out/fuzz_qwen3_vl/ti2i"
 printf '\x01\x01\x00\x02\x02a <|image_pad|> b' >"$out/fuzz_qwen3_vl/literal_pad"
+
+# Reference store entry files (src/cache/ref_store_disk.cc's format, docs/reliability.md):
+# "FLOWKVRS", u32 version 1, u8 kind length + kind, 32-byte digest, u32 tensor count, per
+# tensor u8 dtype-name length + name, u8 ndim, u64 dims; zeros to a multiple of 64; each payload
+# padded with zeros to a multiple of 64; the SHA-256 of everything before it.
+hexbytes() { printf "$(sed 's/../\\x&/g' <<<"$1")"; }  # hex digits -> bytes
+pad64() {  # pad64 FILE: zeros up to a multiple of 64 bytes
+  local n; n=$(stat -c %s "$1")
+  head -c $(((64 - n % 64) % 64)) /dev/zero >>"$1"
+}
+store_entry() {  # store_entry KIND DIGEST_HEX [DTYPE:D0,D1,...]...  (payload bytes 0x3f)
+  local kind=$1 digest=$2 f spec dt dims d x numel bytes
+  shift 2
+  f=$(mktemp)
+  {
+    printf FLOWKVRS; le 1 4; le ${#kind} 1; printf %s "$kind"; hexbytes "$digest"; le $# 4
+    for spec in "$@"; do
+      dt=${spec%%:*} dims=${spec#*:}
+      IFS=, read -r -a d <<<"$dims"
+      le ${#dt} 1; printf %s "$dt"; le ${#d[@]} 1
+      for x in "${d[@]}"; do le "$x" 8; done
+    done
+  } >"$f"
+  pad64 "$f"
+  for spec in "$@"; do
+    dt=${spec%%:*} dims=${spec#*:} numel=1
+    IFS=, read -r -a d <<<"$dims"
+    for x in "${d[@]}"; do numel=$((numel * x)); done
+    case $dt in F32) bytes=$((numel * 4)) ;; BF16 | F16) bytes=$((numel * 2)) ;;
+      Q8_0) bytes=$((numel / 32 * 34)) ;; esac
+    head -c "$bytes" /dev/zero | tr '\0' '\077' >>"$f"
+    pad64 "$f"
+  done
+  hexbytes "$(sha256sum "$f" | cut -c1-64)" >>"$f"
+  cat "$f"
+  rm -f "$f"
+}
+zero_digest=$(printf '0%.0s' {1..64})
+some_digest=0123456789abcdef00112233445566778899aabbccddeefff0e1d2c3b4a59687
+store_entry kv "$zero_digest" F32:2,3,4 >"$out/fuzz_store_entry/kv_fixed_key"
+store_entry kv "$some_digest" BF16:2,2,6,8 Q8_0:2,64 >"$out/fuzz_store_entry/kv_bf16_q8"
+store_entry latents "$some_digest" F32:1,16,4,4 >"$out/fuzz_store_entry/latents"
+store_entry prompt "$some_digest" F32:3,8 F16:3 F32: >"$out/fuzz_store_entry/prompt_scalar"
+store_entry prompt "$zero_digest" >"$out/fuzz_store_entry/no_tensors"
 
 for t in "${targets[@]}"; do
   echo "seeds: $t: $(find "$out/$t" -type f | wc -l) files, $(du -sk "$out/$t" | cut -f1) KiB"

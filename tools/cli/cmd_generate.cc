@@ -3,12 +3,15 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <memory>
 #include <tuple>
 
 #include "commands.h"
 #include "flowkv/error.h"
 #include "flowkv/generate.h"
 #include "flowkv/limits.h"
+#include "flowkv/store.h"
 #include "measure.h"
 
 namespace flowkv::cli {
@@ -16,7 +19,9 @@ namespace flowkv::cli {
 namespace {
 
 struct Opts {
-  std::string model, prompt, negative, size, out = "out.png", dtype = "auto";
+  std::string model, negative, size, out = "out.png", dtype = "auto";
+  std::vector<std::string> prompts;
+  std::string prompts_file, store_ram = "2G", store_disk;
   std::vector<std::string> refs, caches;
   bool has_negative = false;
   float cfg_scale = 1.0f;
@@ -51,9 +56,31 @@ void check_writable(const std::string& out) {
   FLOWKV_CHECK(!std::filesystem::is_directory(out), "-o ", out, ": is a folder; give a file name");
 }
 
+// One prompt per line of a file (blank lines skipped).
+std::vector<std::string> read_prompts(const std::string& path) {
+  std::ifstream f(path);
+  FLOWKV_CHECK(f, "--prompts ", path, ": cannot be read");
+  std::vector<std::string> out;
+  std::string line;
+  while (std::getline(f, line)) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.find_first_not_of(" \t") != std::string::npos) out.push_back(line);
+  }
+  FLOWKV_CHECK(!out.empty(), "--prompts ", path, ": no prompt in it");
+  return out;
+}
+
+// out.png -> out-3.png for the third of several pictures.
+std::string numbered(const std::string& out, size_t i, size_t n) {
+  if (n == 1) return out;
+  const std::filesystem::path p(out);
+  return (p.parent_path() /
+          (p.stem().string() + "-" + std::to_string(i + 1) + p.extension().string()))
+      .string();
+}
+
 GenerateRequest request_of(const Opts& o) {
   GenerateRequest r;
-  r.prompt = o.prompt;
   r.negative_prompt = o.negative;
   r.has_negative_prompt = o.has_negative;
   r.cfg_scale = o.cfg_scale;
@@ -79,8 +106,13 @@ GenerateRequest request_of(const Opts& o) {
   return r;
 }
 
-int run(const Opts& o) {
+int run(Opts o) {
   check_writable(o.out);
+  if (!o.prompts_file.empty()) {
+    const std::vector<std::string> more = read_prompts(o.prompts_file);
+    o.prompts.insert(o.prompts.end(), more.begin(), more.end());
+  }
+  FLOWKV_CHECK(!o.prompts.empty(), "give a prompt (-p) or a file of prompts (--prompts)");
   GenerateProgress p;
   std::string stage;
   p.begin = [&](const std::string& name, int64_t units) {
@@ -95,7 +127,7 @@ int run(const Opts& o) {
     std::fprintf(stderr, "%-10s %7.2f s  peak %s  %s\n", r.name.c_str(), r.seconds,
                  gib(r.peak_rss_bytes).c_str(), r.detail.c_str());
   };
-  const GenerateRequest req = request_of(o);
+  GenerateRequest req = request_of(o);
   // As diffusers warns: guidance needs both a scale above 1 and a negative prompt.
   if (req.cfg_scale > 1.0f && !req.has_negative_prompt) {
     std::fprintf(stderr,
@@ -107,16 +139,34 @@ int run(const Opts& o) {
                  "warning: a negative prompt without --cfg-scale above 1: classifier-free "
                  "guidance stays off\n");
   }
-  const GenerateResult res = generate(o.model, req, p);
-  if (res.prompt_truncated) {
-    std::fprintf(stderr,
-                 "warning: the prompt was longer than the text encoder reads; its end was "
-                 "cut (as diffusers does)\n");
+  // Several prompts share one reference store: the references' latents and K/V (and repeated
+  // prompts' embeddings) are computed once. --store-disk keeps them for later runs too.
+  GenerateControl control;
+  if (o.prompts.size() > 1 || !o.store_disk.empty()) {
+    control.store = std::make_shared<ReferenceStore>(StoreOptions{
+        .ram_bytes = parse_bytes(o.store_ram, "--store-ram"), .disk_dir = o.store_disk});
   }
-  save_png(o.out, res);
-  double total = 0;
-  for (const StageReport& r : res.stages) total += r.seconds;
-  std::printf("wrote %s (%ldx%ld) in %.2f s\n", o.out.c_str(), res.width, res.height, total);
+  for (size_t i = 0; i < o.prompts.size(); ++i) {
+    req.prompt = o.prompts[i];
+    if (o.prompts.size() > 1)
+      std::fprintf(stderr, "prompt %zu/%zu: %s\n", i + 1, o.prompts.size(), req.prompt.c_str());
+    const GenerateResult res = generate(o.model, req, p, control);
+    if (res.prompt_truncated) {
+      std::fprintf(stderr,
+                   "warning: the prompt was longer than the text encoder reads; its end was "
+                   "cut (as diffusers does)\n");
+    }
+    const std::string out = numbered(o.out, i, o.prompts.size());
+    save_png(out, res);
+    double total = 0;
+    for (const StageReport& r : res.stages) total += r.seconds;
+    std::printf("wrote %s (%ldx%ld) in %.2f s", out.c_str(), res.width, res.height, total);
+    if (control.store) {
+      std::printf(", reference store: %lld found, %lld computed",
+                  static_cast<long long>(res.store_hits), static_cast<long long>(res.store_misses));
+    }
+    std::printf("\n");
+  }
   return 0;
 }
 
@@ -135,7 +185,16 @@ void add_generate(CLI::App& app) {
       "a text chunk. Same inputs and seed give diffusers' picture (f32).");
   auto* o = new Opts;
   cmd->add_option("--model", o->model, "pipeline folder")->required();
-  cmd->add_option("-p,--prompt", o->prompt, "the prompt")->required();
+  cmd->add_option("-p,--prompt", o->prompts,
+                  "the prompt; repeat for several pictures with the same references (written as "
+                  "OUT-1.png, OUT-2.png, ...; the references are encoded once)");
+  cmd->add_option("--prompts", o->prompts_file, "a file of prompts, one per line (as repeated -p)");
+  cmd->add_option("--store-ram", o->store_ram,
+                  "with several prompts: memory the reference store keeps entries in (LRU)")
+      ->capture_default_str();
+  cmd->add_option("--store-disk", o->store_disk,
+                  "a folder the reference store also keeps entries in, checked when read back: "
+                  "later runs with the same references, prompts and weights reuse them");
   cmd->add_option("-n,--negative", o->negative,
                   "negative prompt for classifier-free guidance (with --cfg-scale above 1; "
                   "Qwen-Image-2.1)")

@@ -37,6 +37,7 @@ int main(int argc, char** argv) {
   flowkv::cli::add_bench_gemm(app);
   flowkv::cli::add_predict(app);
   flowkv::cli::add_bench(app);
+  flowkv::cli::add_bench_store(app);
   flowkv::cli::add_caches(app);
   try {
     app.parse(argc, argv);
