@@ -27,15 +27,13 @@ from pathlib import Path
 import openai
 from PIL import Image
 
-# Partial images come from GenerateControl::previews. Flip to True (or set
-# FLOWKV_EXPECT_PREVIEWS=1) once the library sends previews: streams must then carry exactly
-# partial_images partial events before their completed event.
-EXPECT_PREVIEWS = os.environ.get("FLOWKV_EXPECT_PREVIEWS", "0") == "1"
-
-# The reference store (GenerateControl::store). Flip to True (or FLOWKV_EXPECT_STORE=1) once
-# the library's store keeps entries: an edit must then name its store keys in the
-# X-Flowkv-Store-Keys header, and the same reference edited again must hit the store.
-EXPECT_STORE = os.environ.get("FLOWKV_EXPECT_STORE", "0") == "1"
+# Partial images come from GenerateControl::previews, and the reference store keeps entries
+# (both on main since the store landed): streams must carry the partial images the library
+# sends (evenly spaced steps, at most steps - 1) before their completed event; an edit must name
+# its store keys in X-Flowkv-Store-Keys, and the same reference edited again must hit the store.
+# FLOWKV_EXPECT_PREVIEWS=0 / FLOWKV_EXPECT_STORE=0 relax them (a library without them).
+EXPECT_PREVIEWS = os.environ.get("FLOWKV_EXPECT_PREVIEWS", "1") == "1"
+EXPECT_STORE = os.environ.get("FLOWKV_EXPECT_STORE", "1") == "1"
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "golden"
@@ -255,7 +253,12 @@ def check_stream(events, prefix, partial_images, steps):
     assert len(completed) == 1 and types[-1] == prefix + ".completed", types
     assert [p.step for p in progress] == list(range(1, steps + 1)), types
     if EXPECT_PREVIEWS:
-        assert [p.partial_image_index for p in partials] == list(range(partial_images)), types
+        # Evenly spaced steps before the last, as the library picks them (at most steps - 1).
+        at = sorted({min(max(steps * i // (partial_images + 1), 1), steps - 1)
+                     for i in range(1, partial_images + 1)}) if steps > 1 else []
+        assert [p.partial_image_index for p in partials] == list(range(len(at))), types
+        for p in partials:
+            assert pixels_of_b64(p.b64_json)[0] == tuple(map(int, p.size.split("x"))), p.size
     else:
         assert len(partials) <= partial_images, types
     assert completed[0].usage.total_tokens > 0
@@ -264,21 +267,24 @@ def check_stream(events, prefix, partial_images, steps):
 
 def test_stream_generate(a):
     stream = a.client.images.generate(prompt=PROMPT, size="64x64", stream=True, partial_images=2,
-                                      extra_body={"steps": 2, "seed": 7})
+                                      extra_body={"steps": 3, "seed": 7})
     events = list(stream)
-    done = check_stream(events, "image_generation", 2, 2)
-    assert pixels_of_b64(done.b64_json) == cli_generate(KLEIN, PROMPT, 7, 2, "64x64")
+    done = check_stream(events, "image_generation", 2, 3)
+    plain = a.client.images.generate(prompt=PROMPT, size="64x64", extra_body={"steps": 3, "seed": 7})
+    assert pixels_of_b64(done.b64_json) == pixels_of_b64(plain.data[0].b64_json)
 
 
 def test_stream_edit(a):
     with open(KLEIN_REF, "rb") as f:
         stream = a.client.images.edit(image=f, prompt=PROMPT, stream=True, partial_images=2,
-                                      extra_body={"steps": 2, "seed": 7})
+                                      extra_body={"steps": 3, "seed": 7})
         events = list(stream)
-    done = check_stream(events, "image_edit", 2, 2)
+    done = check_stream(events, "image_edit", 2, 3)
     if EXPECT_STORE:  # the same reference as edit_one_image: served from the store
         assert done.flowkv["store_hits"] > 0, done.flowkv
-    assert pixels_of_b64(done.b64_json) == cli_generate(KLEIN, PROMPT, 7, 2, refs=[KLEIN_REF])
+    with open(KLEIN_REF, "rb") as f:
+        plain = a.client.images.edit(image=f, prompt=PROMPT, extra_body={"steps": 3, "seed": 7})
+    assert pixels_of_b64(done.b64_json) == pixels_of_b64(plain.data[0].b64_json)
 
 
 def test_concurrent_clients(a):
