@@ -3,7 +3,7 @@
 # FLOWKV_PACKAGES: the project's own build dependencies, shared by setup, sanitize and fuzz.
 FLOWKV_PACKAGES=(cmake ninja-build g++ pkg-config libdnnl-dev libhwy-dev nlohmann-json3-dev
                  libcli11-dev libgtest-dev libspng-dev libturbojpeg0-dev libpcre2-dev
-                 libutf8proc-dev libssl-dev)
+                 libutf8proc-dev libssl-dev libcpp-httplib-dev curl python3-venv)
 _flowkv_apt_updated=0
 install_missing() {
   local missing=() p sudo_cmd=()

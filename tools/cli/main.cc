@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
       "check). Weights, KV caches and activations are predicted before anything is allocated; "
       "over the budget, the command stops with an error naming the figures");
   flowkv::cli::add_generate(app);
+  flowkv::cli::add_serve(app);
   flowkv::cli::add_inspect(app);
   flowkv::cli::add_forward(app);
   flowkv::cli::add_export(app);

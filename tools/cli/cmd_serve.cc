@@ -1,0 +1,91 @@
+// serve: an OpenAI-compatible images server over one pipeline folder (tools/server,
+// docs/serving.md).
+#include <cstdio>
+#include <cstdlib>
+
+#include "commands.h"
+#include "flowkv/error.h"
+#include "flowkv/limits.h"
+#include "measure.h"
+#include "server.h"
+
+namespace flowkv::cli {
+
+namespace {
+
+struct ServeArgs {
+  server::ServeOptions o;
+  std::string store_ram = "2G", max_body = "64M", memory_budget;
+};
+
+}  // namespace
+
+void add_serve(CLI::App& app) {
+  auto* cmd = app.add_subcommand(
+      "serve",
+      "Serve a diffusers pipeline folder over HTTP with OpenAI's images API\n"
+      "(POST /v1/images/generations, POST /v1/images/edits, streaming with server-sent events)\n"
+      "plus GET /health, /v1/models and /metrics (Prometheus). Prints \"listening on URL\" as\n"
+      "its first line; SIGTERM or SIGINT stop it gracefully. See docs/serving.md.");
+  auto* a = new ServeArgs;
+  server::ServeOptions& o = a->o;
+  cmd->add_option("--model", o.model, "pipeline folder")->required();
+  cmd->add_option("--model-id", o.model_id,
+                  "the model's id in /v1/models and requests (default: the folder's name)");
+  cmd->add_option("--host", o.host, "address to listen on")->capture_default_str();
+  cmd->add_option("--port", o.port, "port (0: any free port)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 65535));
+  cmd->add_option("--workers", o.workers,
+                  "requests generating at once (the kernels already use every core)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 256));
+  cmd->add_option("--queue", o.queue, "requests waiting for a worker; beyond, 503 with Retry-After")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 65536));
+  cmd->add_option("--store-ram", a->store_ram,
+                  "reference store in memory: conditioning latents, prompt embeddings, K/V")
+      ->capture_default_str();
+  cmd->add_option("--store-disk", o.store_disk, "reference store's disk tier (a folder)");
+  cmd->add_option("--max-body", a->max_body,
+                  "largest request body; larger ones get 413 before they are read")
+      ->capture_default_str();
+  cmd->add_option("--max-image-pixels", o.limits.max_image_pixels,
+                  "largest output size and uploaded image, in pixels")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, limits::kMaxImagePixels));
+  cmd->add_option("--max-steps", o.limits.max_steps, "most denoising steps a request may ask")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 10000));
+  cmd->add_option("--max-references", o.limits.max_references, "most images one edit may upload")
+      ->capture_default_str()
+      ->check(CLI::Range(1, static_cast<int>(limits::kMaxReferences)));
+  cmd->add_option("--max-n", o.limits.max_n, "most images one request may ask (n)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
+  cmd->add_option("--timeout", o.timeout_seconds,
+                  "seconds a request may take, waiting included; then it is stopped (504)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.1, 1e6));
+  cmd->add_option("--shutdown-grace", o.shutdown_grace_seconds,
+                  "on SIGTERM, seconds running requests get to finish before they are stopped")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1e6));
+  cmd->add_option("--memory-budget", a->memory_budget,
+                  "bytes the running requests' predicted KV caches and activations may take "
+                  "together, e.g. 8G: a request alone over it is refused (400), others wait "
+                  "(default: no admission by memory)");
+  cmd->callback([a] {
+    std::exit(guarded([&] {
+      a->o.store_ram = parse_bytes(a->store_ram, "--store-ram");
+      a->o.max_body = parse_bytes(a->max_body, "--max-body");
+      FLOWKV_CHECK(a->o.max_body >= 1024, "--max-body must be at least 1K");
+      if (!a->memory_budget.empty()) {
+        a->o.memory_budget = parse_bytes(a->memory_budget, "--memory-budget");
+      }
+      return server::serve(a->o);
+    }));
+  });
+}
+
+}  // namespace flowkv::cli
