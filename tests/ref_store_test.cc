@@ -210,6 +210,33 @@ TEST(StoreRam, EvictsTheLeastRecentlyUsed) {
   EXPECT_EQ(s.stats().entries, 2);
 }
 
+// New prompts (a new one per request) evict only each other and hold at most prompt_share of
+// the budget: they never push out reference work, which may push them out.
+TEST(StoreRam, PromptsNeverEvictReferenceWork) {
+  StoreOptions o = ram_only(1000);
+  o.prompt_share = 0.25;  // 250 bytes: two 100-byte prompts
+  Store s(o);
+  for (int i = 0; i < 8; ++i) s.insert(key_of("kv", i), entry_of(25, float(i)));  // 800 bytes
+  for (int i = 0; i < 5; ++i) s.insert(key_of("prompt", i), entry_of(25, float(i)));
+  for (int i = 0; i < 8; ++i) EXPECT_NE(s.find(key_of("kv", i)), nullptr) << i;
+  EXPECT_EQ(s.stats().kinds.at("prompt").entries, 2);  // the two newest
+  EXPECT_NE(s.find(key_of("prompt", 4)), nullptr);
+  EXPECT_NE(s.find(key_of("prompt", 3)), nullptr);
+  EXPECT_EQ(s.find(key_of("prompt", 2)), nullptr);
+  // Reference work does evict prompts (least recently used first).
+  s.insert(key_of("latents", 0), entry_of(50, 9.0f));
+  EXPECT_LE(s.stats().bytes, 1000);
+  EXPECT_NE(s.find(key_of("latents", 0)), nullptr);
+  // With the budget full of reference work, a new prompt is not kept (nothing it may evict).
+  Store full(o);
+  for (int i = 0; i < 10; ++i) full.insert(key_of("kv", i), entry_of(25, float(i)));
+  Handle p = full.insert(key_of("prompt", 0), entry_of(25, 1.0f));
+  EXPECT_EQ(value_of(p), 1.0f);
+  EXPECT_EQ(full.stats().rejected, 1);
+  EXPECT_EQ(full.find(key_of("prompt", 0)), nullptr);
+  EXPECT_EQ(full.stats().kinds.at("kv").entries, 10);
+}
+
 TEST(StoreRam, PinnedEntriesAreNeverEvictedUntilReleased) {
   Store s(ram_only(300));
   Handle a = s.insert(key_of("kv", 0), entry_of(25, 0.0f));  // held: pinned

@@ -26,7 +26,10 @@ namespace flowkv {
 
 struct StoreOptions {
   int64_t ram_bytes = int64_t{2} << 30;  // entries held in memory (pinned ones may exceed it)
-  std::string disk_dir;                  // "": no disk tier
+  // The share of ram_bytes prompt embeddings may hold; they evict only each other, so that new
+  // prompts never push out reference work (latents, K/V), which they can.
+  double prompt_share = 0.125;
+  std::string disk_dir;  // "": no disk tier
   int64_t disk_bytes = int64_t{16} << 30;
 };
 

@@ -185,17 +185,31 @@ struct Store::State {
     ram.erase(it);
   }
 
-  // Evicts least recently used unpinned entries (never `keep`) until within the budget.
-  void trim(const std::string& keep) {
+  // Prompt embeddings are small and, with a new prompt per request, rarely reused: they may
+  // hold at most prompt_share of the budget and evict only each other, so that a stream of
+  // new prompts never pushes out a reference set (measured with bench-store: with budget for
+  // all three references of a workload, unique prompts evicted them and halved the hit rate).
+  int64_t prompt_cap() const {
+    return static_cast<int64_t>(static_cast<double>(options.ram_bytes) * options.prompt_share);
+  }
+  bool over(bool prompt) {
+    return ram_bytes > options.ram_bytes || (prompt && kinds["prompt"].bytes > prompt_cap());
+  }
+
+  // Evicts least recently used unpinned entries (never `keep`; for a prompt, prompts only)
+  // until within the budget; false when that is not enough.
+  bool trim(const std::string& keep, const std::string& kind) {
+    const bool prompt = kind == "prompt";
     auto it = ram_lru.end();
-    while (ram_bytes > options.ram_bytes && it != ram_lru.begin()) {
+    while (over(prompt) && it != ram_lru.begin()) {
       --it;
       auto s = ram.find(*it);
-      if (*it == keep || pinned(s->second)) continue;
+      if (*it == keep || pinned(s->second) || (prompt && s->second.kind != "prompt")) continue;
       it = std::next(it);  // the newer neighbour survives the erase
       drop(s);
       counts.evictions += 1;
     }
+    return !over(prompt);
   }
 
   // Adds an entry to RAM when it fits beside the pinned ones; false (counted as rejected)
@@ -220,7 +234,11 @@ struct Store::State {
     StoreKindStats& k = kinds[kind];
     k.entries += 1;
     k.bytes += bytes;
-    trim(id);
+    if (!trim(id, kind)) {  // a prompt that only reference work would make room for
+      drop(ram.find(id));
+      counts.rejected += 1;
+      return false;
+    }
     return true;
   }
 
@@ -297,6 +315,8 @@ struct Store::State {
 
 Store::Store(const StoreOptions& o) : s_(std::make_unique<State>()) {
   FLOWKV_CHECK(o.ram_bytes >= 0, "store: ram_bytes ", o.ram_bytes, " is negative");
+  FLOWKV_CHECK(o.prompt_share >= 0 && o.prompt_share <= 1, "store: prompt_share ", o.prompt_share,
+               " is not in [0, 1]");
   FLOWKV_CHECK(o.disk_bytes >= 0, "store: disk_bytes ", o.disk_bytes, " is negative");
   s_->options = o;
   s_->disk = !o.disk_dir.empty();

@@ -273,8 +273,10 @@ GenerateResult generate_klein(const PipelineFolder& p, const GenerateRequest& re
     rs.add(r);
     steps_run = static_cast<int>(r.step_seconds.size());
     s.detail = std::to_string(r.step_seconds.size()) + " steps, " +
-               (r.kv_bytes > 0 ? "references' K/V computed at step 1 and reused after it (" +
-                                     std::to_string(r.kv_bytes) + " bytes)"
+               (r.store_hits > 0 ? "references' K/V from the reference store at every step (" +
+                                       std::to_string(r.kv_bytes) + " bytes)"
+                : r.kv_bytes > 0 ? "references' K/V computed at step 1 and reused after it (" +
+                                       std::to_string(r.kv_bytes) + " bytes)"
                 : refs.empty() ? "no references"
                                : "references recomputed every step");
     return r.latents;

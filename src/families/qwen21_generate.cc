@@ -355,9 +355,12 @@ GenerateResult generate_qwen21(const PipelineFolder& p, const GenerateRequest& r
     rs.add(r);
     steps_run = static_cast<int>(r.step_seconds.size());
     s.detail = std::to_string(steps_run) + " steps" + (cfg ? " x 2 branches, " : ", ") +
-               (r.kv_bytes > 0 ? "prefix K/V computed at step 1 and reused after it (" +
-                                     std::to_string(r.kv_bytes) + " bytes)"
-                               : "prefix recomputed every step");
+               (r.store_hits > 0 && r.store_misses == 0
+                    ? "prefix K/V from the reference store at every step (" +
+                          std::to_string(r.kv_bytes) + " bytes)"
+                : r.kv_bytes > 0 ? "prefix K/V computed at step 1 and reused after it (" +
+                                       std::to_string(r.kv_bytes) + " bytes)"
+                                 : "prefix recomputed every step");
     return r.latents;
   });
   res.parameters = parameters_text(req, p, res.width, res.height, steps_run, cfg, resolution);
