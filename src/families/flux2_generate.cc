@@ -148,23 +148,14 @@ std::vector<ReferenceLatents> encode_references(const Components& c, const Gener
   const ExecContext ctx{};
   std::vector<ReferenceLatents> out;
   for (size_t i = 0; i < images.size(); ++i) {
-    auto compute = [&]() -> std::vector<Tensor> {
-      if (!vae) vae.emplace(flux2_vae::Vae::load(c.vae));
-      return {vae->encode(ctx, image_to_tensor(images[i]))};  // [1, 4L, h, w]
-    };
     bool hit = false;
-    Tensor z;
-    if (rs.active()) {
-      store::KeyBuilder key("latents");
-      pipeline::add_files_identity(key, "vae", c.vae);
-      key.text("rule", "flux2 reference: crop to 16, VAE mode");
-      key.integer("width", images[i].width).integer("height", images[i].height);
-      key.integer("channels", images[i].channels);
-      key.bytes("pixels", images[i].pixels.data(), images[i].pixels.size());
-      z = rs.get(key.finish(), compute, &hit).at(0);
-    } else {
-      z = compute().at(0);
-    }
+    const Tensor z = rs.image_latents(  // [1, 4L, h, w]
+        c.vae, "flux2 reference: crop to 16, VAE mode", images[i],
+        [&] {
+          if (!vae) vae.emplace(flux2_vae::Vae::load(c.vae));
+          return vae->encode(ctx, image_to_tensor(images[i]));
+        },
+        &hit);
     const int64_t h = z.dim(2), w = z.dim(3);
     out.push_back({flux2_vae::pack(z), h, w});
     stage.detail += (stage.detail.empty() ? "" : ", ") +

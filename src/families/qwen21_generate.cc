@@ -276,23 +276,14 @@ GenerateResult generate_qwen21(const PipelineFolder& p, const GenerateRequest& r
           std::optional<qwen21_vae::Vae> vae;
           std::vector<ReferenceLatents> out;
           for (size_t i = 0; i < conds.size(); ++i) {
-            auto compute = [&]() -> std::vector<Tensor> {
-              if (!vae) vae.emplace(qwen21_vae::Vae::load(c.vae));
-              return {vae->encode(ExecContext{}, qwen21_vae::preprocess(conds[i]))};
-            };
             bool hit = false;
-            Tensor z;
-            if (rs.active()) {
-              store::KeyBuilder key("latents");
-              pipeline::add_files_identity(key, "vae", c.vae);
-              key.text("rule", "qwen-image-2.1 condition: RGBA, VAE mode");
-              key.integer("width", conds[i].width).integer("height", conds[i].height);
-              key.integer("channels", conds[i].channels);
-              key.bytes("pixels", conds[i].pixels.data(), conds[i].pixels.size());
-              z = rs.get(key.finish(), compute, &hit).at(0);
-            } else {
-              z = compute().at(0);
-            }
+            const Tensor z = rs.image_latents(
+                c.vae, "qwen-image-2.1 condition: RGBA, VAE mode", conds[i],
+                [&] {
+                  if (!vae) vae.emplace(qwen21_vae::Vae::load(c.vae));
+                  return vae->encode(ExecContext{}, qwen21_vae::preprocess(conds[i]));
+                },
+                &hit);
             const int64_t h = z.dim(2), w = z.dim(3);
             out.push_back({qwen21_vae::pack(z), h, w});
             s.detail += (s.detail.empty() ? "" : ", ") + size_str(conds[i].width, conds[i].height) +

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "pipeline/identity.h"
+
 namespace flowkv::pipeline {
 
 RequestStore::RequestStore(std::shared_ptr<ReferenceStore> store) : shared_(std::move(store)) {
@@ -26,6 +28,22 @@ std::vector<Tensor> RequestStore::get(const store::Key& key,
   std::vector<Tensor> out = h->tensors;
   held_.push_back(std::move(h));
   return out;
+}
+
+Tensor RequestStore::image_latents(const std::string& vae, const std::string& rule,
+                                   const Image& image, const std::function<Tensor()>& encode,
+                                   bool* hit) {
+  *hit = false;
+  if (!store_) return encode();
+  store::KeyBuilder key("latents");
+  add_files_identity(key, "vae", vae);
+  key.text("rule", rule);
+  key.integer("width", image.width).integer("height", image.height);
+  key.integer("channels", image.channels);
+  key.bytes("pixels", image.pixels.data(), image.pixels.size());
+  return get(
+             key.finish(), [&] { return std::vector<Tensor>{encode()}; }, hit)
+      .at(0);
 }
 
 void RequestStore::add(const DenoiseResult& r) {

@@ -12,6 +12,7 @@
 #include "cache/ref_store.h"
 #include "flowkv/generate.h"
 #include "flowkv/model.h"
+#include "io/image.h"
 
 namespace flowkv::pipeline {
 
@@ -25,6 +26,10 @@ class RequestStore {
   // then kept. Without a store, compute()'s.
   std::vector<Tensor> get(const store::Key& key,
                           const std::function<std::vector<Tensor>()>& compute, bool* hit = nullptr);
+  // A preprocessed image's VAE latents: under a key of the VAE's identity (`vae`: its folder),
+  // the preprocessing `rule` and the pixels, else encode()'s.
+  Tensor image_latents(const std::string& vae, const std::string& rule, const Image& image,
+                       const std::function<Tensor()>& encode, bool* hit);
   // The denoising loop's "kv" lookups.
   void add(const DenoiseResult& r);
   // Keys, hits and misses into the result.
