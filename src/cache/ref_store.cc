@@ -328,8 +328,8 @@ Handle Store::find(const Key& key) {
   disk::check_kind(key.kind);
   const std::string id = disk::id_of(key);
   State& s = *s_;
-  {
-    std::lock_guard lock(s.mu);
+  // Under the lock: the RAM entry as a counted hit, or (`miss`) nullptr counted as a miss.
+  auto in_ram = [&](bool miss) -> Handle {
     auto it = s.ram.find(id);
     if (it != s.ram.end()) {
       s.touch(it->second);
@@ -337,11 +337,15 @@ Handle Store::find(const Key& key) {
       s.kinds[key.kind].hits += 1;
       return it->second.entry;
     }
-    if (!s.disk) {
+    if (miss) {
       s.counts.misses += 1;
       s.kinds[key.kind].misses += 1;
-      return nullptr;
     }
+    return nullptr;
+  };
+  {
+    std::lock_guard lock(s.mu);
+    if (Handle h = in_ram(!s.disk); h || !s.disk) return h;
   }
   // The disk tier, read and checked without the lock.
   const std::string path = s.path_of(id);
@@ -353,17 +357,7 @@ Handle Store::find(const Key& key) {
       s.note_disk_error(r.error);
     }
     if (r.status != disk::ReadResult::kUnavailable) s.forget_file(id);
-    // Another request may have inserted it meanwhile.
-    auto it = s.ram.find(id);
-    if (it != s.ram.end()) {
-      s.touch(it->second);
-      s.counts.hits += 1;
-      s.kinds[key.kind].hits += 1;
-      return it->second.entry;
-    }
-    s.counts.misses += 1;
-    s.kinds[key.kind].misses += 1;
-    return nullptr;
+    return in_ram(true);  // another request may have inserted it meanwhile
   }
   s.counts.hits += 1;
   s.counts.disk_hits += 1;
