@@ -97,7 +97,7 @@ struct DenoiseOptions {
   // Polled before each step: true stops the loop with flowkv::Cancelled (generate.h).
   std::function<bool()> cancelled;
   // Called after each step with the x0 estimate latents - sigma * velocity, [B, h*w, C]
-  // packed as the latents (previews).
+  // packed as the latents (previews); the tensor is reused: valid during the call only.
   std::function<void(int step, int steps, const Tensor& x0)> on_estimate;
   // The exact conditioning K/V shared across requests (store.h): a request whose conditioning
   // was seen before splices it from the first step on, bit-identical to computing it.

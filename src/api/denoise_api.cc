@@ -34,11 +34,12 @@ DenoiseResult denoise(const Model& model, const DenoiseInputs& in, const Denoise
   Arena& arena = (ws ? *ws : local).arena();
   pipeline::LoopOptions lo = pipeline::loop_options(o);
   lo.model_identity = model.impl().identity;
+  Tensor estimate;  // one buffer for every step's estimate, allocated before the loop
   if (o.on_estimate) {
+    estimate = Tensor::empty(in.noise.shape());
     lo.on_estimate = [&](int step, int steps, const float* x0) {
-      Tensor t = Tensor::empty(in.noise.shape());
-      std::copy_n(x0, t.numel(), t.f32());
-      o.on_estimate(step, steps, t);
+      std::copy_n(x0, estimate.numel(), estimate.f32());
+      o.on_estimate(step, steps, estimate);
     };
   }
   const pipeline::LoopResult res = pipeline::run_denoise({&arena}, *adapter, lo);
