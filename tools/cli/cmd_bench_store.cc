@@ -64,11 +64,15 @@ int run(const Opts& o) {
   };
 
   // One reference set's entries (its latents and K/V) and one prompt's, measured once.
-  auto probe = std::make_shared<ReferenceStore>(StoreOptions{.ram_bytes = int64_t{1} << 40});
+  StoreOptions unbounded;
+  unbounded.ram_bytes = int64_t{1} << 40;
+  auto probe = std::make_shared<ReferenceStore>(unbounded);
   GenerateControl pc;
   pc.store = probe;
+  int steps = 0;  // the request's step count, as the loop ran it (the family's default or --steps)
+  pc.on_step = [&](const StepEvent& e) { steps = e.steps; };
   progress("measuring one reference set's entries");
-  const GenerateResult first = generate(o.pipeline, request(0), {}, pc);
+  (void)generate(o.pipeline, request(0), {}, pc);
   const StoreStats ps = probe->stats();
   const auto kind_bytes = [&](const char* k) {
     return ps.kinds.count(k) ? ps.kinds.at(k).bytes : int64_t{0};
@@ -76,7 +80,9 @@ int run(const Opts& o) {
   const int64_t set_bytes = kind_bytes("kv") + kind_bytes("latents");
   const int64_t prompt_bytes = kind_bytes("prompt");
   const int64_t budget = o.budget_sets * set_bytes + 2 * prompt_bytes;
-  auto store = std::make_shared<ReferenceStore>(StoreOptions{.ram_bytes = budget});
+  StoreOptions bounded;
+  bounded.ram_bytes = budget;
+  auto store = std::make_shared<ReferenceStore>(bounded);
   GenerateControl sc;
   sc.store = store;
 
@@ -104,15 +110,11 @@ int run(const Opts& o) {
   // The cost model: a miss computes the references at step 1 and splices them after; a hit
   // splices them from step 1.
   const GenerateLayout l = generate_layout(o.pipeline, request(0));
-  int steps = 0;
-  for (const StageReport& st : first.stages) {
-    if (st.name == "denoise") steps = std::atoi(st.detail.c_str());
-  }
   const KVPrediction q = predict({.model = l.transformer,
                                   .text_tokens = l.text_tokens,
                                   .target_tokens = l.target_tokens,
                                   .ref_tokens = l.image_tokens,
-                                  .steps = std::max(steps, 1),
+                                  .steps = steps,
                                   .cfg = l.cfg});
   const double miss_flops = q.uncached_step_flops + (q.steps - 1) * q.cached_step_flops;
   const double hit_flops = q.steps * q.cached_step_flops;
