@@ -33,7 +33,12 @@ struct GenerateRequest {
   // Qwen-Image-2.1's output_resolution: condition images are resized to about resolution^2
   // pixels (multiples of 32) keeping their aspect ratio; 0: 1024, the pipeline's default.
   int64_t resolution = 0;
-  int steps = 0;         // 0: the family's default
+  int steps = 0;  // 0: the family's default
+  // FLUX.2 Klein's prompt rows (diffusers' max_sequence_length): the prompt is padded or cut to
+  // this many tokens, all of which the transformer reads. 0: 512, or the tokenizer's
+  // model_max_length (tokenizer_config.json) where that is smaller, as for a model trained on
+  // shorter prompts (diffusers pads to 512 unless told; the released Klein models agree).
+  int64_t max_sequence_length = 0;
   uint64_t seed = 0;     // torch.Generator("cpu").manual_seed(seed) noise, as diffusers draws it
   bool kv_cache = true;  // the exact conditioning cache where the model has one
   std::vector<std::string> step_caches;  // approximate step caches, e.g. "taylorseer:interval=2"

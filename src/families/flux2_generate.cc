@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <optional>
 
 #include "core/arena.h"
@@ -37,13 +38,14 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr int64_t kMaxTextTokens = 512;      // Flux2KleinPipeline.tokenizer_max_length
+constexpr int64_t kMaxTextTokens = 512;      // Flux2KleinPipeline's max_sequence_length default
 constexpr int64_t kDefaultSampleSize = 128;  // x vae_scale_factor: 1024 pixels
 
 struct Components {
   std::string transformer, text_encoder, tokenizer, vae;
   flux2::Config transformer_cfg;
   flux2_vae::Config vae_cfg;
+  int64_t text_tokens = kMaxTextTokens;  // the default prompt rows (text_tokens())
 };
 
 std::string config_path(const std::string& dir) {
@@ -87,7 +89,19 @@ Components check_components(const PipelineFolder& p) {
                c.transformer_cfg.in_channels, " (mismatched components)");
   FLOWKV_CHECK(te.num_hidden_layers >= 27, c.text_encoder, ": ", te.num_hidden_layers,
                " layers; Klein reads hidden state 27");
+  // A tokenizer made for shorter prompts says so in its model_max_length.
+  const std::string tok_cfg = c.tokenizer + "/tokenizer_config.json";
+  if (path_exists(tok_cfg)) {
+    const int64_t n = json_int(read_json_file(tok_cfg), "model_max_length", kMaxTextTokens, 1,
+                               std::numeric_limits<int64_t>::max(), tok_cfg);
+    c.text_tokens = std::min(n, kMaxTextTokens);
+  }
   return c;
+}
+
+// The prompt's rows: the request's max_sequence_length, else the pipeline's default.
+int64_t text_tokens(const Components& c, const GenerateRequest& req) {
+  return req.max_sequence_length > 0 ? req.max_sequence_length : c.text_tokens;
 }
 
 std::string size_str(int64_t w, int64_t h) {
@@ -99,7 +113,8 @@ std::string size_str(int64_t w, int64_t h) {
 Tensor encode_prompt(const Components& c, const GenerateRequest& req, pipeline::Stage& stage,
                      pipeline::RequestStore& rs, bool* truncated) {
   const text::Tokenizer tok = text::Tokenizer::from_json_file(c.tokenizer + "/tokenizer.json");
-  const text::PromptTokens t = text::klein_prompt_tokens(tok, req.prompt, kMaxTextTokens);
+  const int64_t rows = text_tokens(c, req);
+  const text::PromptTokens t = text::klein_prompt_tokens(tok, req.prompt, rows);
   *truncated = t.truncated;
   stage.advance(1, "tokenized");
   auto compute = [&]() -> std::vector<Tensor> {
@@ -125,7 +140,7 @@ Tensor encode_prompt(const Components& c, const GenerateRequest& req, pipeline::
   }
   int64_t n = 0;
   for (int32_t m : t.mask) n += m;
-  stage.detail = std::to_string(n) + " of " + std::to_string(kMaxTextTokens) + " tokens" +
+  stage.detail = std::to_string(n) + " of " + std::to_string(rows) + " tokens" +
                  (t.truncated ? " (truncated from " + std::to_string(t.untruncated_length) +
                                     ": the end of the prompt is lost, as diffusers cuts it)"
                               : "") +
@@ -292,7 +307,7 @@ GenerateLayout klein_generate_layout(const PipelineFolder& p, const GenerateRequ
   check_request(p, req);
   const Components c = check_components(p);
   GenerateLayout l;
-  l.text_tokens = kMaxTextTokens;  // the prompt is padded to 512 rows, all of them read
+  l.text_tokens = text_tokens(c, req);  // the prompt is padded to these rows, all of them read
   const int64_t m = c.vae_cfg.pixel_multiple();
   int64_t ref_w = 0, ref_h = 0;
   for (const std::string& path : req.references) {

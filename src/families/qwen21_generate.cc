@@ -165,8 +165,16 @@ std::string parameters_text(const GenerateRequest& req, const PipelineFolder& p,
   return s + ", Generator: flowkv";
 }
 
+// The prompt is padded to the longest branch, not to a fixed length.
+void check_text_length(const PipelineFolder& p, const GenerateRequest& req) {
+  FLOWKV_CHECK(req.max_sequence_length == 0, p.path,
+               ": max_sequence_length is FLUX.2 Klein's padded prompt length; Qwen-Image-2.1 "
+               "pads its prompts to the longest branch");
+}
+
 GenerateResult generate_qwen21(const PipelineFolder& p, const GenerateRequest& req,
                                const GenerateProgress& progress, const GenerateControl& control) {
+  check_text_length(p, req);
   const Components c = check_components(p);
   const int64_t resolution = req.resolution > 0 ? req.resolution : kDefaultResolution;
   // diffusers ignores num_inference_steps when the pipeline sets sample_sigmas; a step count
@@ -371,6 +379,7 @@ GenerateResult generate_qwen21(const PipelineFolder& p, const GenerateRequest& r
 }  // namespace
 
 GenerateLayout qwen21_generate_layout(const PipelineFolder& p, const GenerateRequest& req) {
+  check_text_length(p, req);
   const Components c = check_components(p);
   const int64_t resolution = req.resolution > 0 ? req.resolution : kDefaultResolution;
   GenerateLayout l;

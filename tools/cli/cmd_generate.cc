@@ -25,7 +25,7 @@ struct Opts {
   std::vector<std::string> refs, caches;
   bool has_negative = false;
   float cfg_scale = 1.0f;
-  int64_t resolution = 0;
+  int64_t resolution = 0, max_sequence_length = 0;
   int steps = 0;
   uint64_t seed = 0;
   bool vae_tiling = false;
@@ -91,6 +91,7 @@ GenerateRequest request_of(const Opts& o) {
                                              limits::kMaxImageSide, limits::kMaxImagePixels);
   }
   r.steps = o.steps;
+  r.max_sequence_length = o.max_sequence_length;
   r.seed = o.seed;
   r.dtype = o.dtype;
   r.vae_tiling = o.vae_tiling;
@@ -215,6 +216,11 @@ void add_generate(CLI::App& app) {
                   "keeping their aspect ratio (default 1024)")
       ->check(CLI::Range(int64_t{32}, int64_t{4096}));
   cmd->add_option("--steps", o->steps, "denoising steps (default: the model's, 4 for Klein)");
+  cmd->add_option("--max-sequence-length", o->max_sequence_length,
+                  "FLUX.2 Klein: the prompt's padded length in tokens (diffusers' "
+                  "max_sequence_length; default 512, or the tokenizer's model_max_length where "
+                  "smaller)")
+      ->check(CLI::Range(int64_t{1}, int64_t{limits::kMaxTokens}));
   cmd->add_option("--seed", o->seed, "seed of the initial noise (torch's CPU generator)")
       ->capture_default_str();
   cmd->add_option("--cache", o->caches,
