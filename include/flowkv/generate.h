@@ -42,7 +42,10 @@ struct GenerateRequest {
   uint64_t seed = 0;     // torch.Generator("cpu").manual_seed(seed) noise, as diffusers draws it
   bool kv_cache = true;  // the exact conditioning cache where the model has one
   std::vector<std::string> step_caches;  // approximate step caches, e.g. "taylorseer:interval=2"
-  std::string dtype = "auto";            // the transformer's compute type: auto, f32, bf16, int8
+  // The transformer's compute type: auto, f32, bf16, int8. FLUX.2 Klein's text encoder follows
+  // an explicit f32 or bf16 too; auto computes each component as its weights are stored (bf16
+  // weights in bf16, as diffusers and transformers run a bf16 checkpoint).
+  std::string dtype = "auto";
   // Decode in 512-pixel tiles blended over a quarter of a tile (diffusers' tiled_decode): peak
   // memory of a 1024x1024 decode 0.6 GiB instead of 2.1, seams where tiles meet. Off: untiled,
   // as diffusers decodes by default.

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Create python/ref/.venv and install the pinned reference-dumper requirements into it.
+# Create DIR/.venv and install DIR/requirements.txt's pins into it; DIR is python/ref (the
+# reference dumpers) unless given (python/train/setup_venv.sh passes python/train).
 # Idempotent: an existing venv whose installed versions already match requirements.txt is
 # left untouched. Override the interpreter with PYTHON=/path/to/python3.11 if needed.
 set -euo pipefail
 
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+here="$(cd "${1:-$(dirname "${BASH_SOURCE[0]}")}" && pwd)"
 venv="$here/.venv"
 req="$here/requirements.txt"
 py="${PYTHON:-python3}"

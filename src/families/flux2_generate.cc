@@ -117,9 +117,16 @@ Tensor encode_prompt(const Components& c, const GenerateRequest& req, pipeline::
   const text::PromptTokens t = text::klein_prompt_tokens(tok, req.prompt, rows);
   *truncated = t.truncated;
   stage.advance(1, "tokenized");
+  // An explicit f32 or bf16 request computes the text encoder that way too (auto follows its
+  // weights: bf16 weights compute in bf16, as transformers runs them).
+  const std::string lo_dtype = req.dtype == "f32" || req.dtype == "bf16" ? req.dtype : "auto";
   auto compute = [&]() -> std::vector<Tensor> {
     qwen3::LoadOptions lo;
     lo.last_hidden_state = qwen3::kKleinLayers[2];
+    if (lo_dtype != "auto") {
+      lo.auto_dtype = false;
+      lo.compute = lo_dtype == "f32" ? DType::kF32 : DType::kBF16;
+    }
     const qwen3::Encoder enc = qwen3::Encoder::load(c.text_encoder, lo);
     stage.advance(2, "text encoder loaded");
     Arena arena;
@@ -132,6 +139,7 @@ Tensor encode_prompt(const Components& c, const GenerateRequest& req, pipeline::
     store::KeyBuilder key("prompt");
     pipeline::add_files_identity(key, "text encoder", c.text_encoder);
     key.text("rule", "flux2 klein hidden states 9 18 27");
+    key.text("compute", lo_dtype);
     key.bytes("ids", t.ids.data(), t.ids.size() * sizeof(t.ids[0]));
     key.bytes("mask", t.mask.data(), t.mask.size() * sizeof(t.mask[0]));
     embeds = rs.get(key.finish(), compute, &hit).at(0);

