@@ -2,6 +2,7 @@
 #include "showcase_report.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -199,8 +200,29 @@ std::string svg_plot(const ShowcaseResults& r) {
                 L + (W - L - R) / 2, H - 10, T + (H - T - B) / 2,
                 truth ? "mean PSNR vs ground truth (dB)" : "mean PSNR vs uncached (dB)");
   s += buf;
+  // Labels go right of their point, moved down past labels already placed that they would
+  // overlap (about 6.5 px per character at 11 px).
+  std::vector<std::array<double, 4>> placed;  // x0, y0, x1, y1
   for (const Point& p : pts) {
     const double px = sx(p.x), py = p.exact_y ? sy(ytop - ypad) : sy(p.y);
+    double ly = py + 4;
+    const double lw = 6.5 * static_cast<double>(p.label.size());
+    for (bool moved = true; moved;) {
+      moved = false;
+      for (const auto& b : placed) {
+        if (px + 7 < b[2] && px + 7 + lw > b[0] && ly - 10 < b[3] && ly + 2 > b[1]) {
+          ly = b[3] + 11, moved = true;
+        }
+      }
+    }
+    placed.push_back({px + 7, ly - 10, px + 7 + lw, ly + 2});
+    if (ly > py + 4) {  // moved: a leader from the point to its label
+      std::snprintf(buf, sizeof buf,
+                    "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#999\" "
+                    "stroke-width=\"0.6\"/>",
+                    px, py, px + 6, ly - 4);
+      s += buf;
+    }
     const char* colour = p.kind == 1 ? "#000" : p.kind == 2 ? "#d62728" : "#1f77b4";
     if (p.kind == 0) {
       std::snprintf(buf, sizeof buf, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"%s\"/>", px,
@@ -211,8 +233,7 @@ std::string svg_plot(const ShowcaseResults& r) {
                     py - 4.5, colour);
     }
     s += buf;
-    std::snprintf(buf, sizeof buf, "<text x=\"%.1f\" y=\"%.1f\" fill=\"%s\">", px + 7, py + 4,
-                  colour);
+    std::snprintf(buf, sizeof buf, "<text x=\"%.1f\" y=\"%.1f\" fill=\"%s\">", px + 7, ly, colour);
     s += buf + escaped(p.label) + "</text>\n";
   }
   s += "</svg>\n";
