@@ -60,6 +60,10 @@ std::vector<ShowcaseConfig> read_showcase_sweep(const std::string& path);
 // (MagCache: ratios=flux1).
 std::vector<ShowcaseConfig> showcase_sweep(const std::string& name);
 
+// A sweep as a sweep file's text (parse_showcase_sweep reads it back): a built-in sweep to
+// start a tuned one from.
+std::string showcase_sweep_json(const std::vector<ShowcaseConfig>& sweep);
+
 // A label as a file name: [A-Za-z0-9._-] kept, every other run of characters one '_'
 // ("kv+taylorseer:interval=2" -> "kv_taylorseer_interval_2").
 std::string showcase_slug(const std::string& label);

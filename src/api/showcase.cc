@@ -299,6 +299,21 @@ std::vector<ShowcaseConfig> showcase_sweep(const std::string& name) {
   return out;
 }
 
+std::string showcase_sweep_json(const std::vector<ShowcaseConfig>& sweep) {
+  // One configuration per line: easy to edit and to diff.
+  std::string out = "[\n";
+  for (size_t i = 0; i < sweep.size(); ++i) {
+    const ShowcaseConfig& c = sweep[i];
+    nlohmann::ordered_json caches = nlohmann::ordered_json::array();  // label first
+    if (c.kv) caches.push_back("kv");
+    for (const std::string& spec : c.step_caches) caches.push_back(spec);
+    nlohmann::ordered_json j = {{"label", c.label}, {"caches", caches}};
+    if (c.steps > 0) j["steps"] = c.steps;
+    out += " " + j.dump() + (i + 1 < sweep.size() ? ",\n" : "\n");
+  }
+  return out + "]\n";
+}
+
 std::string showcase_slug(const std::string& label) {
   std::string s;
   for (char c : label) {

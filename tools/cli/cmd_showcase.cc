@@ -29,7 +29,7 @@ namespace flowkv::cli {
 namespace {
 
 struct Opts {
-  std::string model, cases, out, sweep = "quick", markdown;
+  std::string model, cases, out, sweep = "quick", markdown, write_sweep;
   int runs = 1;
 };
 
@@ -100,10 +100,17 @@ void make_out(const std::string& out) {
 }
 
 int run(const Opts& o) {
-  const ShowcaseManifest m = read_showcase_manifest(o.cases);
   const std::vector<ShowcaseConfig> sweep = (o.sweep == "quick" || o.sweep == "full")
                                                 ? showcase_sweep(o.sweep)
                                                 : read_showcase_sweep(o.sweep);
+  if (!o.write_sweep.empty()) {
+    write_file_atomic(o.write_sweep, showcase_sweep_json(sweep));
+    std::printf("wrote %s (%zu configurations)\n", o.write_sweep.c_str(), sweep.size());
+    return 0;
+  }
+  FLOWKV_CHECK(!o.model.empty() && !o.cases.empty() && !o.out.empty(),
+               "showcase needs --model, --cases and --out (or --write-sweep)");
+  const ShowcaseManifest m = read_showcase_manifest(o.cases);
   make_out(o.out);
 
   // The transformer, once: its family's default step count, and which configurations it
@@ -273,7 +280,7 @@ void add_showcase(CLI::App& app) {
       "--sweep quick (default): uncached, kv, and kv + each registered step cache at its\n"
       "defaults (MagCache: ratios=flux1). --sweep full: every step cache at its defaults and two\n"
       "other settings, alone and with kv, and TaylorSeer alone and with kv at 4, 8 and 28 steps.\n"
-      "--sweep FILE.json: your own list, e.g.\n"
+      "--sweep FILE.json: your own list (--sweep full --write-sweep F.json writes one to edit):\n"
       "  [{\"label\": \"kv+fbcache 0.2\", \"caches\": [\"kv\", \"fbcache:threshold=0.2\"]},\n"
       "   {\"label\": \"kv+taylorseer@28\", \"caches\": [\"kv\", \"taylorseer\"], \"steps\": 28}]\n"
       "Uncached and kv at the manifest's steps always run first, and uncached at every other\n"
@@ -286,13 +293,15 @@ void add_showcase(CLI::App& app) {
       "same run without it, bit for bit (\"= without kv\"); when kv alone does not, the command\n"
       "exits with status 1 after writing the report.");
   auto* o = new Opts;
-  cmd->add_option("--model", o->model, "pipeline folder")->required();
-  cmd->add_option("--cases", o->cases, "the case manifest (CASES.json)")->required();
-  cmd->add_option("--out", o->out, "output folder (created; files in it are replaced)")->required();
+  cmd->add_option("--model", o->model, "pipeline folder (required)");
+  cmd->add_option("--cases", o->cases, "the case manifest, CASES.json (required)");
+  cmd->add_option("--out", o->out, "output folder, created; files in it are replaced (required)");
   cmd->add_option("--sweep", o->sweep, "quick, full, or a sweep file (JSON)")
       ->capture_default_str();
   cmd->add_option("--markdown", o->markdown,
                   "also write the table as GitHub markdown to this file (for docs/caches.md)");
+  cmd->add_option("--write-sweep", o->write_sweep,
+                  "write the --sweep (e.g. full) as a sweep file to edit, and run nothing");
   cmd->add_option("--runs", o->runs,
                   "timed runs per configuration and case, round-robin; the fastest is kept")
       ->check(CLI::Range(1, 100))
