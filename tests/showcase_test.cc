@@ -250,5 +250,54 @@ TEST(ShowcaseSweep, BuiltInSweepsCoverEveryPolicy) {
   EXPECT_EQ(showcase_slug("a@8"), "a_8");
 }
 
+// What the fuzz target checks, in miniature for every test run: byte-level mutations of a
+// valid manifest and sweep fail, if at all, with a flowkv::Error (never another exception).
+TEST(ShowcaseManifest, MutatedFilesFailOnlyWithErrors) {
+  const std::string manifest_text =
+      test::read_file(std::string(FLOWKV_GOLDEN_DIR) + "/../showcase/cases.json");
+  const std::string sweep_text =
+      test::read_file(std::string(FLOWKV_GOLDEN_DIR) + "/../showcase/sweep.json");
+  ASSERT_FALSE(manifest_text.empty());
+  ASSERT_FALSE(sweep_text.empty());
+  const char kBytes[] = "{}[]\",:0123456789-.eE \\nulltruefalse\x00\xff";
+  uint64_t state = 12345;
+  auto next = [&] {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return state >> 33;
+  };
+  int accepted = 0;
+  for (int i = 0; i < 3000; ++i) {
+    std::string t = (i % 2 ? manifest_text : sweep_text);
+    for (int k = 0, n = 1 + static_cast<int>(next() % 3); k < n; ++k) {
+      const size_t at = next() % t.size();
+      const char b = kBytes[next() % (sizeof kBytes - 1)];
+      switch (next() % 3) {
+        case 0:
+          t[at] = b;
+          break;
+        case 1:
+          t.insert(at, 1, b);
+          break;
+        default:
+          t.erase(at, 1 + next() % 8);
+      }
+      if (t.empty()) t = "{";
+    }
+    try {
+      if (i % 2) {
+        parse_showcase_manifest(t, "/base", "m");
+      } else {
+        parse_showcase_sweep(t, "s");
+      }
+      ++accepted;
+    } catch (const Error&) {
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "a foreign exception: " << e.what() << "\non: " << t;
+      return;
+    }
+  }
+  EXPECT_GT(accepted, 0);
+}
+
 }  // namespace
 }  // namespace flowkv
