@@ -35,12 +35,6 @@ struct Opts {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
-std::string join(const std::vector<std::string>& v) {
-  std::string s;
-  for (const std::string& x : v) s += (s.empty() ? "" : ",") + x;
-  return s;
-}
-
 // The sweep as run: its own configurations (duplicates of an earlier one dropped), the
 // uncached and kv runs at the manifest's step count first, an uncached run at every other step
 // count it uses, and each configuration's baseline and exact counterpart.
@@ -70,11 +64,15 @@ std::vector<ShowcaseRunConfig> resolve(const std::vector<ShowcaseConfig>& sweep,
     if (!uncached && find(false, {}, s) < 0) {  // its baseline first
       std::string label = "uncached@" + std::to_string(s);
       while (label_used(label)) label += "'";
-      out.push_back({{label, false, {}, s}, s});
+      ShowcaseRunConfig base;
+      base.config = {label, false, {}, s}, base.steps = s;
+      out.push_back(base);
     }
     ShowcaseConfig copy = c;
     while (label_used(copy.label)) copy.label += "'";
-    out.push_back({copy, s});
+    ShowcaseRunConfig rc;
+    rc.config = copy, rc.steps = s;
+    out.push_back(rc);
   }
   for (ShowcaseRunConfig& c : out) {
     c.baseline = find(false, {}, c.steps);
@@ -99,109 +97,86 @@ void make_out(const std::string& out) {
   FLOWKV_CHECK(!ec, "--out ", out, ": cannot create ", out, "/images: ", ec.message());
 }
 
-int run(const Opts& o) {
-  const std::vector<ShowcaseConfig> sweep = (o.sweep == "quick" || o.sweep == "full")
-                                                ? showcase_sweep(o.sweep)
-                                                : read_showcase_sweep(o.sweep);
-  if (!o.write_sweep.empty()) {
-    write_file_atomic(o.write_sweep, showcase_sweep_json(sweep));
-    std::printf("wrote %s (%zu configurations)\n", o.write_sweep.c_str(), sweep.size());
-    return 0;
-  }
-  FLOWKV_CHECK(!o.model.empty() && !o.cases.empty() && !o.out.empty(),
-               "showcase needs --model, --cases and --out (or --write-sweep)");
-  const ShowcaseManifest m = read_showcase_manifest(o.cases);
-  make_out(o.out);
-
-  // The transformer, once: its family's default step count, and which configurations it
-  // refuses (DBCache's block counts, the tables TeaCache and MagCache read).
-  GenerateRequest probe;
-  probe.prompt = m.cases[0].prompt;
-  probe.references = m.cases[0].references;
-  probe.width = m.width, probe.height = m.height;
-  const GenerateLayout layout = generate_layout(o.model, probe);
-  const Model model = Model::load(layout.transformer);
-  const int steps = m.steps > 0 ? m.steps : model.family().default_steps;
-
+// One showcase run: the manifest, the configurations and what they gave, the files written.
+struct Showcase {
+  Showcase(const Opts& opts, ShowcaseManifest manifest) : o(opts), m(std::move(manifest)) {}
+  const Opts& o;
+  ShowcaseManifest m;
   ShowcaseResults r;
-  r.model = o.model, r.cases_path = o.cases, r.sweep = o.sweep, r.runs = o.runs;
-  r.configs = resolve(sweep, steps);
-  for (ShowcaseRunConfig& c : r.configs) {
-    try {
-      check_step_caches(c.config.step_caches, model);
-    } catch (const Error& e) {
-      c.refused = e.what();
-      std::fprintf(stderr, "%s: refused by this model: %s\n", c.config.label.c_str(), e.what());
-    }
-  }
-  const std::string images = (std::filesystem::path(o.out) / "images").string();
+  int steps = 0;  // the manifest's step count, resolved
   int files = 0;
   bool exact_ok = true;
-  for (size_t ci = 0; ci < m.cases.size(); ++ci) {
-    ShowcaseCaseResult cr;
-    cr.c = m.cases[ci];
-    const std::string stem = cr.c.name + "-";
-    for (size_t i = 0; i < cr.c.references.size(); ++i) {
-      cr.reference_files.push_back("images/" + stem + "ref" + std::to_string(i + 1) + ".png");
-      save_png((std::filesystem::path(o.out) / cr.reference_files.back()).string(),
-               load_image(cr.c.references[i]));
-      ++files;
-    }
-    Image truth;
-    if (!cr.c.truth.empty()) {
-      truth = load_image(cr.c.truth);
-      cr.truth_file = "images/" + stem + "truth.png";
-      save_png((std::filesystem::path(o.out) / cr.truth_file).string(), truth);
-      ++files;
-    }
-    cr.runs.resize(r.configs.size());
-    double case_seconds = 0;
-    // One untimed warm-up run of the case (its files into the page cache, the kernels' first
-    // use), then the timed runs round-robin over the configurations, the fastest kept per
-    // configuration: load on a shared machine drifts, and each configuration sees the same.
-    for (int rep = -1; rep < o.runs; ++rep) {
-      for (size_t k = 0; k < r.configs.size(); ++k) {
-        const ShowcaseRunConfig& c = r.configs[k];
-        if (!c.refused.empty() || (rep < 0 && k > 0)) continue;
-        GenerateRequest req;
-        req.prompt = cr.c.prompt;
-        req.references = cr.c.references;
-        req.width = m.width, req.height = m.height;
-        req.steps = c.steps;
-        req.seed = m.seed;
-        req.kv_cache = c.config.kv;
-        req.step_caches = c.config.step_caches;
-        double steps_seconds = 0;
-        GenerateControl control;
-        control.on_step = [&](const StepEvent& e) { steps_seconds += e.seconds; };
-        const GenerateResult res = generate(o.model, req, {}, control);
-        double denoise = kNaN;
-        for (const StageReport& s : res.stages) {
-          if (s.name == "denoise") denoise = s.seconds;
-        }
-        FLOWKV_CHECK(!std::isnan(denoise), "generate reported no denoise stage");
-        for (const StageReport& s : res.stages) case_seconds += s.seconds;
-        if (rep < 0) continue;
-        ShowcaseRun& run = cr.runs[k];
-        Image image = to_image(res);
-        if (run.ran) {  // a repeat: the same picture (runs are deterministic), the fastest time
-          FLOWKV_CHECK(differing(image, run.image) == 0, cr.c.name, " / ", c.config.label,
-                       ": a repeated run gave another picture");
-          run.denoise_seconds = std::min(run.denoise_seconds, denoise);
-          run.steps_seconds = std::min(run.steps_seconds, steps_seconds);
-          continue;
-        }
-        run.ran = true;
-        run.image = std::move(image);
-        run.denoise_seconds = denoise, run.steps_seconds = steps_seconds;
-        run.stats = res.step_caches;
-        run.file = "images/" + stem + showcase_slug(c.config.label) + ".png";
-        save_png((std::filesystem::path(o.out) / run.file).string(), res);
-        ++files;
+
+  std::string path(const std::string& rel) const {
+    return (std::filesystem::path(o.out) / rel).string();
+  }
+
+  // The transformer, loaded once and released before the runs: its family's default step
+  // count, and which configurations it refuses (DBCache's block counts, the tables TeaCache and
+  // MagCache read).
+  void configure(const std::vector<ShowcaseConfig>& sweep) {
+    GenerateRequest probe;
+    probe.prompt = m.cases[0].prompt;
+    probe.references = m.cases[0].references;
+    probe.width = m.width, probe.height = m.height;
+    const Model model = Model::load(generate_layout(o.model, probe).transformer);
+    steps = m.steps > 0 ? m.steps : model.family().default_steps;
+    r.configs = resolve(sweep, steps);
+    for (ShowcaseRunConfig& c : r.configs) {
+      try {
+        check_step_caches(c.config.step_caches, model);
+      } catch (const Error& e) {
+        c.refused = e.what();
+        std::fprintf(stderr, "%s: refused by this model: %s\n", c.config.label.c_str(), e.what());
       }
     }
-    // Metrics, once every configuration of the case has its picture.
-    std::string exact_note;
+  }
+
+  // Configuration k on the case; `timed` false: a warm-up, nothing kept. Returns the run's
+  // seconds over all stages.
+  double generate_one(ShowcaseCaseResult& cr, size_t k, bool timed) {
+    const ShowcaseRunConfig& c = r.configs[k];
+    GenerateRequest req;
+    req.prompt = cr.c.prompt;
+    req.references = cr.c.references;
+    req.width = m.width, req.height = m.height;
+    req.steps = c.steps;
+    req.seed = m.seed;
+    req.kv_cache = c.config.kv;
+    req.step_caches = c.config.step_caches;
+    double steps_seconds = 0, denoise = kNaN, total = 0;
+    GenerateControl control;
+    control.on_step = [&](const StepEvent& e) { steps_seconds += e.seconds; };
+    const GenerateResult res = generate(o.model, req, {}, control);
+    for (const StageReport& s : res.stages) {
+      if (s.name == "denoise") denoise = s.seconds;
+      total += s.seconds;
+    }
+    FLOWKV_CHECK(!std::isnan(denoise), "generate reported no denoise stage");
+    if (!timed) return total;
+    ShowcaseRun& run = cr.runs[k];
+    Image image = to_image(res);
+    if (run.ran) {  // a repeat: the same picture (runs are deterministic), the fastest time
+      FLOWKV_CHECK(differing(image, run.image) == 0, cr.c.name, " / ", c.config.label,
+                   ": a repeated run gave another picture");
+      run.denoise_seconds = std::min(run.denoise_seconds, denoise);
+      run.steps_seconds = std::min(run.steps_seconds, steps_seconds);
+      return total;
+    }
+    run.ran = true;
+    run.image = std::move(image);
+    run.denoise_seconds = denoise, run.steps_seconds = steps_seconds;
+    run.stats = res.step_caches;
+    run.file = "images/" + cr.c.name + "-" + showcase_slug(c.config.label) + ".png";
+    save_png(path(run.file), res);
+    ++files;
+    return total;
+  }
+
+  // PSNR / SSIM against the truth and the baseline, and the exact cache's check; returns the
+  // case's line about the latter ("kv identical").
+  std::string measure(ShowcaseCaseResult& cr, Image truth) {
+    std::string note;
     for (size_t k = 0; k < r.configs.size(); ++k) {
       ShowcaseRun& run = cr.runs[k];
       if (!run.ran) continue;
@@ -215,40 +190,84 @@ int run(const Opts& o) {
         if (run.image.channels == 4 && truth.channels != 4) {
           truth = load_image(cr.c.truth, PixelFormat::kRGBA);
         }
-        const Image& t = truth;
-        run.psnr_truth = psnr(run.image, t);
-        run.ssim_truth = ssim(run.image, t);
+        run.psnr_truth = psnr(run.image, truth);
+        run.ssim_truth = ssim(run.image, truth);
       }
       const ShowcaseRun& base = cr.runs[static_cast<size_t>(c.baseline)];
       if (base.ran) {
         run.psnr_base = psnr(run.image, base.image);
         run.ssim_base = ssim(run.image, base.image);
       }
-      if (c.exact_of >= 0 && cr.runs[static_cast<size_t>(c.exact_of)].ran) {
-        run.exact_diff = differing(run.image, cr.runs[static_cast<size_t>(c.exact_of)].image);
-        if (c.config.step_caches.empty()) {
-          exact_note += std::string(exact_note.empty() ? "" : ", ") + "kv" +
-                        (c.steps == steps ? "" : "@" + std::to_string(c.steps)) + " " +
-                        (run.exact_diff == 0 ? "identical"
-                                             : std::to_string(run.exact_diff) + " values differ");
-          if (run.exact_diff != 0) exact_ok = false;
-        }
+      if (c.exact_of < 0 || !cr.runs[static_cast<size_t>(c.exact_of)].ran) continue;
+      run.exact_diff = differing(run.image, cr.runs[static_cast<size_t>(c.exact_of)].image);
+      if (!c.config.step_caches.empty()) continue;
+      note +=
+          std::string(note.empty() ? "" : ", ") + "kv" +
+          (c.steps == steps ? "" : "@" + std::to_string(c.steps)) + " " +
+          (run.exact_diff == 0 ? "identical" : std::to_string(run.exact_diff) + " values differ");
+      if (run.exact_diff != 0) exact_ok = false;
+    }
+    return note;
+  }
+
+  void run_case(size_t ci) {
+    ShowcaseCaseResult cr;
+    cr.c = m.cases[ci];
+    for (size_t i = 0; i < cr.c.references.size(); ++i) {
+      cr.reference_files.push_back("images/" + cr.c.name + "-ref" + std::to_string(i + 1) + ".png");
+      save_png(path(cr.reference_files.back()), load_image(cr.c.references[i]));
+      ++files;
+    }
+    Image truth;
+    if (!cr.c.truth.empty()) {
+      truth = load_image(cr.c.truth);
+      cr.truth_file = "images/" + cr.c.name + "-truth.png";
+      save_png(path(cr.truth_file), truth);
+      ++files;
+    }
+    cr.runs.resize(r.configs.size());
+    double seconds = 0;
+    // One untimed warm-up run of the case (its files into the page cache, the kernels' first
+    // use), then the timed runs round-robin over the configurations, the fastest kept per
+    // configuration: load on a shared machine drifts, and each configuration sees the same.
+    seconds += generate_one(cr, 0, false);
+    for (int rep = 0; rep < o.runs; ++rep) {
+      for (size_t k = 0; k < r.configs.size(); ++k) {
+        if (r.configs[k].refused.empty()) seconds += generate_one(cr, k, true);
       }
     }
+    const std::string note = measure(cr, std::move(truth));
     std::printf("case %zu/%zu %s (%s): %zu configurations in %.2f s; %s\n", ci + 1, m.cases.size(),
-                cr.c.name.c_str(), cr.c.task.c_str(), r.configs.size(), case_seconds,
-                exact_note.c_str());
+                cr.c.name.c_str(), cr.c.task.c_str(), r.configs.size(), seconds, note.c_str());
     std::fflush(stdout);
     r.cases.push_back(std::move(cr));
   }
+};
 
-  std::printf("\n%s\n", showcase_table(r, false).c_str());
-  const std::string report = (std::filesystem::path(o.out) / "report.html").string();
-  write_file_atomic(report, showcase_html(r));
-  if (!o.markdown.empty()) write_file_atomic(o.markdown, showcase_table(r, true));
-  std::printf("wrote %s (%d images)\n", report.c_str(), files);
+int run(const Opts& o) {
+  const std::vector<ShowcaseConfig> sweep = (o.sweep == "quick" || o.sweep == "full")
+                                                ? showcase_sweep(o.sweep)
+                                                : read_showcase_sweep(o.sweep);
+  if (!o.write_sweep.empty()) {
+    write_file_atomic(o.write_sweep, showcase_sweep_json(sweep));
+    std::printf("wrote %s (%zu configurations)\n", o.write_sweep.c_str(), sweep.size());
+    return 0;
+  }
+  FLOWKV_CHECK(!o.model.empty() && !o.cases.empty() && !o.out.empty(),
+               "showcase needs --model, --cases and --out (or --write-sweep)");
+  Showcase sc(o, read_showcase_manifest(o.cases));
+  make_out(o.out);
+  sc.r.model = o.model, sc.r.cases_path = o.cases, sc.r.sweep = o.sweep, sc.r.runs = o.runs;
+  sc.configure(sweep);
+  for (size_t ci = 0; ci < sc.m.cases.size(); ++ci) sc.run_case(ci);
+
+  std::printf("\n%s\n", showcase_table(sc.r, false).c_str());
+  const std::string report = sc.path("report.html");
+  write_file_atomic(report, showcase_html(sc.r));
+  if (!o.markdown.empty()) write_file_atomic(o.markdown, showcase_table(sc.r, true));
+  std::printf("wrote %s (%d images)\n", report.c_str(), sc.files);
   if (!o.markdown.empty()) std::printf("wrote %s\n", o.markdown.c_str());
-  if (!exact_ok) {
+  if (!sc.exact_ok) {
     std::fprintf(stderr,
                  "error: the exact cache changed the output (kv against uncached): see the "
                  "report's \"= without kv\" column\n");
