@@ -120,6 +120,17 @@ struct Showcase {
     probe.references = m.cases[0].references;
     probe.width = m.width, probe.height = m.height;
     const Model model = Model::load(generate_layout(o.model, probe).transformer);
+    // Each case's output size, from its references (no weights read), against its truth: a
+    // mismatch is refused before minutes of work, not after.
+    for (const ShowcaseCase& c : m.cases) {
+      probe.prompt = c.prompt, probe.references = c.references;
+      const GenerateLayout l = generate_layout(o.model, probe);
+      if (c.truth.empty()) continue;
+      const Image truth = load_image(c.truth);
+      FLOWKV_CHECK(truth.width == l.width && truth.height == l.height, o.cases, ": case \"", c.name,
+                   "\": the truth ", c.truth, " is ", truth.width, "x", truth.height,
+                   " but the pipeline makes ", l.width, "x", l.height);
+    }
     steps = m.steps > 0 ? m.steps : model.family().default_steps;
     r.configs = resolve(sweep, steps);
     for (ShowcaseRunConfig& c : r.configs) {
@@ -256,9 +267,9 @@ int run(const Opts& o) {
   FLOWKV_CHECK(!o.model.empty() && !o.cases.empty() && !o.out.empty(),
                "showcase needs --model, --cases and --out (or --write-sweep)");
   Showcase sc(o, read_showcase_manifest(o.cases));
-  make_out(o.out);
   sc.r.model = o.model, sc.r.cases_path = o.cases, sc.r.sweep = o.sweep, sc.r.runs = o.runs;
   sc.configure(sweep);
+  make_out(o.out);
   for (size_t ci = 0; ci < sc.m.cases.size(); ++ci) sc.run_case(ci);
 
   std::printf("\n%s\n", showcase_table(sc.r, false).c_str());
