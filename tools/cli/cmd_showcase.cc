@@ -321,7 +321,14 @@ void add_showcase(CLI::App& app) {
       "Writes OUT/images/<case>-<config>.png (and <case>-ref<i>.png, <case>-truth.png) and\n"
       "OUT/report.html; prints a line per case, then the table. Every run with kv must equal the\n"
       "same run without it, bit for bit (\"= without kv\"); when kv alone does not, the command\n"
-      "exits with status 1 after writing the report.");
+      "exits with status 1 after writing the report.\n"
+      "\n"
+      "The table, one row per configuration over all cases: denoise s (the denoise stage, which\n"
+      "loads the transformer and runs the steps; summed), speed-up (uncached's denoise s over\n"
+      "this), loop s (the steps alone), PSNR / SSIM truth (mean over cases with a truth), PSNR /\n"
+      "SSIM vs uncached (inf and 1: identical), skipped (calls, blocks or sublayers the step\n"
+      "caches skipped), = without kv. Each case has one untimed warm-up run. On a machine that\n"
+      "is busy with other work use `flowkv --threads 1 showcase ...`: waiting threads spin.");
   auto* o = new Opts;
   cmd->add_option("--model", o->model, "pipeline folder (required)");
   cmd->add_option("--cases", o->cases, "the case manifest, CASES.json (required)");
