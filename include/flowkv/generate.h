@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "flowkv/error.h"
+#include "flowkv/image.h"
+#include "flowkv/step_cache.h"
 #include "flowkv/store.h"
 
 namespace flowkv {
@@ -117,6 +119,9 @@ struct GenerateResult {
   // found there.
   std::vector<std::string> store_keys;
   int64_t store_hits = 0, store_misses = 0;
+  // What each approximate step cache did over the denoising loop (decisions per model call,
+  // calls / blocks / sublayers skipped), in the order of GenerateRequest::step_caches.
+  std::vector<StepCacheStats> step_caches;
 };
 
 GenerateResult generate(const std::string& pipeline_dir, const GenerateRequest& request,
@@ -139,5 +144,7 @@ GenerateLayout generate_layout(const std::string& pipeline_dir, const GenerateRe
 // Writes the picture as a PNG with its parameters in a "parameters" text chunk, atomically:
 // the old file or the whole new one, never half of it.
 void save_png(const std::string& path, const GenerateResult& result);
+// The picture of a result as an Image (its pixels copied), e.g. for flowkv/metrics.h.
+Image to_image(const GenerateResult& result);
 
 }  // namespace flowkv

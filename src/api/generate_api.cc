@@ -38,12 +38,22 @@ GenerateLayout generate_layout(const std::string& pipeline_dir, const GenerateRe
   return family->generate_layout(p, request);
 }
 
-void save_png(const std::string& path, const GenerateResult& r) {
+Image to_image(const GenerateResult& r) {
+  FLOWKV_CHECK(r.channels == 3 || r.channels == 4, "a picture has 3 or 4 channels, not ",
+               r.channels);
+  FLOWKV_CHECK(r.width > 0 && r.height > 0 &&
+                   static_cast<int64_t>(r.pixels.size()) == r.width * r.height * r.channels,
+               "a picture of ", r.width, "x", r.height, "x", r.channels, " holds ", r.pixels.size(),
+               " values");
   Image image;
   image.width = r.width, image.height = r.height;
   image.channels = r.channels;
   image.pixels = r.pixels;
-  save_png(path, image, r.parameters);
+  return image;
+}
+
+void save_png(const std::string& path, const GenerateResult& r) {
+  save_png(path, to_image(r), r.parameters);
 }
 
 }  // namespace flowkv

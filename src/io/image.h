@@ -16,33 +16,16 @@
 #include <string>
 #include <vector>
 
+#include "flowkv/image.h"
 #include "flowkv/limits.h"
 
 namespace flowkv {
 
-// 8-bit pixels, rows top to bottom, [H, W, channels]: RGB (3) or RGBA (4, straight alpha).
-struct Image {
-  int64_t width = 0, height = 0;
-  int64_t channels = 3;
-  std::vector<uint8_t> pixels;
-
-  uint8_t* at(int64_t x, int64_t y) { return pixels.data() + (y * width + x) * channels; }
-  const uint8_t* at(int64_t x, int64_t y) const {
-    return pixels.data() + (y * width + x) * channels;
-  }
-  // An image of the given size, pixels zero; the size is checked against the limits.
-  static Image blank(int64_t width, int64_t height, const std::string& what, int64_t channels = 3);
-};
-
-// What decoding converts to: PIL's convert("RGB") (alpha dropped), or convert("RGBA") (alpha
-// kept: grey + alpha, RGBA, a palette's or a colour key's tRNS; opaque where there is none).
-enum class PixelFormat { kRGB, kRGBA };
-
 // Refuses an image size that is empty or beyond limits::kMaxImageSide / kMaxImagePixels.
 void check_image_size(int64_t width, int64_t height, const std::string& what);
 
-// Reads and decodes a PNG or JPEG file (told apart by their signatures, not the name).
-Image load_image(const std::string& path, PixelFormat format = PixelFormat::kRGB);
+// The Image type, load_image and save_png are public: flowkv/image.h.
+
 // Decodes bytes in memory; `what` names the source in errors. `max_pixels` (at most the limit)
 // lets a caller bound the work further (the fuzz targets: a small file may claim, and cost the
 // decoding of, a large image).
@@ -54,8 +37,6 @@ Image decode_image(const uint8_t* data, size_t size, const std::string& what,
 // name (tEXt when it is ASCII, else UTF-8 iTXt, as PIL's PngInfo.add_text writes it), where
 // A1111-style tools and PIL's Image.info["parameters"] find it.
 std::string encode_png(const Image& image, const std::string& parameters = "");
-// Writes encode_png's bytes atomically (io/atomic_file.h): the old file or the whole new one.
-void save_png(const std::string& path, const Image& image, const std::string& parameters = "");
 // The "parameters" text of a PNG file ("" when absent).
 std::string read_png_parameters(const std::string& path);
 

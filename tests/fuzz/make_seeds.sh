@@ -11,7 +11,7 @@ targets=(fuzz_safetensors_header fuzz_shard_index fuzz_flux2_config fuzz_qwen_co
          fuzz_inspect_folder fuzz_gguf fuzz_pipeline_index fuzz_png
          fuzz_jpeg fuzz_tokenizer fuzz_tokenizer_json fuzz_qwen3_config
          fuzz_flux2_vae_config fuzz_qwen3_vl fuzz_qwen3_vl_config fuzz_qwen21_vae_config
-         fuzz_store_entry)
+         fuzz_store_entry fuzz_showcase)
 for t in "${targets[@]}"; do rm -rf "${out:?}/$t"; mkdir -p "$out/$t"; done
 
 # Bytes of an unsigned integer, little-endian, on stdout.
@@ -28,6 +28,10 @@ while IFS= read -r f; do
   n=$(header_len "$f")
   head -c $((8 + n)) "$f" >"$out/fuzz_safetensors_header/$(seed_name "$f")"
 done < <(find "$golden" -name '*.safetensors' | sort)
+
+# flowkv showcase's case manifest and sweep file (the same target reads both)
+cp "$root/tests/showcase/cases.json" "$out/fuzz_showcase/cases.json"
+cp "$root/tests/showcase/sweep.json" "$out/fuzz_showcase/sweep.json"
 
 # shard indexes
 while IFS= read -r f; do

@@ -18,6 +18,7 @@ void add_caches(CLI::App& app);
 void add_generate(CLI::App& app);
 void add_bench_store(CLI::App& app);
 void add_serve(CLI::App& app);
+void add_showcase(CLI::App& app);
 
 // Runs a command body: prints "error: ..." for a flowkv::Error and exits with status 2.
 int guarded(const std::function<int()>& body);
