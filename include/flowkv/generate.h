@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "flowkv/error.h"
+#include "flowkv/step_cache.h"
 #include "flowkv/store.h"
 
 namespace flowkv {
@@ -114,6 +115,9 @@ struct GenerateResult {
   // found there.
   std::vector<std::string> store_keys;
   int64_t store_hits = 0, store_misses = 0;
+  // What each approximate step cache (GenerateRequest::step_caches) did, and what it measured
+  // when asked to calibrate (flowkv calibrate reads TeaCache's pairs and MagCache's ratios here).
+  std::vector<StepCacheStats> step_caches;
 };
 
 GenerateResult generate(const std::string& pipeline_dir, const GenerateRequest& request,

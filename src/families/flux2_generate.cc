@@ -277,6 +277,7 @@ GenerateResult generate_klein(const PipelineFolder& p, const GenerateRequest& re
     });
     const DenoiseResult r = denoise(model, in, o);
     rs.add(r);
+    res.step_caches = r.step_caches;
     steps_run = static_cast<int>(r.step_seconds.size());
     s.detail = std::to_string(r.step_seconds.size()) + " steps, " +
                (r.store_hits > 0 ? "references' K/V from the reference store at every step (" +

@@ -352,6 +352,7 @@ GenerateResult generate_qwen21(const PipelineFolder& p, const GenerateRequest& r
     });
     const DenoiseResult r = denoise(model, in, o);
     rs.add(r);
+    res.step_caches = r.step_caches;
     steps_run = static_cast<int>(r.step_seconds.size());
     s.detail = std::to_string(steps_run) + " steps" + (cfg ? " x 2 branches, " : ", ") +
                (r.store_hits > 0 && r.store_misses == 0

@@ -11,7 +11,7 @@ targets=(fuzz_safetensors_header fuzz_shard_index fuzz_flux2_config fuzz_qwen_co
          fuzz_inspect_folder fuzz_gguf fuzz_pipeline_index fuzz_png
          fuzz_jpeg fuzz_tokenizer fuzz_tokenizer_json fuzz_qwen3_config
          fuzz_flux2_vae_config fuzz_qwen3_vl fuzz_qwen3_vl_config fuzz_qwen21_vae_config
-         fuzz_store_entry)
+         fuzz_store_entry fuzz_case_manifest)
 for t in "${targets[@]}"; do rm -rf "${out:?}/$t"; mkdir -p "$out/$t"; done
 
 # Bytes of an unsigned integer, little-endian, on stdout.
@@ -139,6 +139,13 @@ store_entry kv "$some_digest" BF16:2,2,6,8 Q8_0:2,64 >"$out/fuzz_store_entry/kv_
 store_entry latents "$some_digest" F32:1,16,4,4 >"$out/fuzz_store_entry/latents"
 store_entry prompt "$some_digest" F32:3,8 F16:3 F32: >"$out/fuzz_store_entry/prompt_scalar"
 store_entry prompt "$zero_digest" >"$out/fuzz_store_entry/no_tensors"
+
+# case manifests (flowkv calibrate)
+printf '%s' '{"size": [64, 64], "steps": 8, "seed": 0, "cases": [{"name": "fox", "task": "edit",
+ "prompt": "a fox", "references": ["refs/fox.png", "/abs/b.png"], "truth": "truth/fox.png"},
+ {"name": "cat", "task": "t2i", "prompt": "a cat", "references": [], "truth": null}]}' \
+  >"$out/fuzz_case_manifest/two_cases.json"
+printf '%s' '{"cases": [{"name": "x", "prompt": "p"}]}' >"$out/fuzz_case_manifest/bare.json"
 
 for t in "${targets[@]}"; do
   echo "seeds: $t: $(find "$out/$t" -type f | wc -l) files, $(du -sk "$out/$t" | cut -f1) KiB"
