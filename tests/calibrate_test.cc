@@ -184,8 +184,8 @@ TEST(CaseManifest, ReadsCasesAndResolvesPathsAgainstItsFolder) {
   EXPECT_EQ(m.cases[0].truth, "/data/cases/truth/a.png");
   EXPECT_TRUE(m.cases[1].references.empty());
   EXPECT_EQ(m.cases[1].truth, "");
-  const CaseManifest bare = parse_case_manifest(R"({"cases": [{"name": "x", "prompt": "p"}]})",
-                                                "", "c.json");
+  const CaseManifest bare =
+      parse_case_manifest(R"({"cases": [{"name": "x", "prompt": "p"}]})", "", "c.json");
   EXPECT_EQ(bare.width, 0);
   EXPECT_EQ(bare.steps, 0);
 }

@@ -688,10 +688,18 @@ TEST(StepCacheInModels, DecisionsFollowTheScheduleInsideBothModels) {
 TEST(StepCacheInModels, CalibrationNeverSkipsAndMeasuresEveryBranch) {
   const test::Qwen21Fixture f(DType::kF32, 1);
   constexpr int kSteps = 4;
-  std::vector<StepCacheStats> st;
-  const auto calibrated =
-      qwen_run(f, true, true, kSteps, {"teacache:calibrate=1", "magcache:calibrate=1"}, &st);
-  EXPECT_TRUE(same(qwen_run(f, true, true, kSteps, {}), calibrated));
+  Arena arena;
+  test::LoopRequest r = f.request(true, true, kSteps, /*batch_cfg=*/false);
+  r.opts.step_caches = {"teacache:calibrate=1", "magcache:calibrate=1"};
+  std::vector<std::vector<float>> outputs[2];  // each branch's velocity, step by step
+  r.observe = [&](int, const float* cond, const float* uncond, const float*, const float*) {
+    const size_t n = f.noise.size();
+    outputs[0].emplace_back(cond, cond + n);
+    outputs[1].emplace_back(uncond, uncond + n);
+  };
+  const auto res = test::run(arena, f.model, r);
+  EXPECT_TRUE(same(qwen_run(f, true, true, kSteps, {}), res.latents));
+  const std::vector<StepCacheStats>& st = res.step_caches;
   ASSERT_EQ(st.size(), 2u);
   std::map<std::string, int> seen;
   for (const StepCacheStats& s : st) {
@@ -701,6 +709,18 @@ TEST(StepCacheInModels, CalibrationNeverSkipsAndMeasuresEveryBranch) {
       seen[m.name + "." + std::to_string(m.branch)]++;
       EXPECT_EQ(m.values.size(), m.name == "magcache.ratios" ? kSteps : kSteps - 1) << m.name;
       for (double v : m.values) EXPECT_TRUE(std::isfinite(v) && v >= 0) << m.name << " " << v;
+      if (m.name != "teacache.y") continue;
+      // y: mean |v_k - v_{k-1}| / mean |v_{k-1}| of the branch's model output.
+      const auto& v = outputs[m.branch];
+      ASSERT_EQ(v.size(), static_cast<size_t>(kSteps));
+      for (size_t k = 1; k < v.size() && k - 1 < m.values.size(); ++k) {
+        double num = 0, den = 0;
+        for (size_t i = 0; i < v[k].size(); ++i) {
+          num += std::abs(double(v[k][i]) - v[k - 1][i]);
+          den += std::abs(double(v[k - 1][i]));
+        }
+        EXPECT_DOUBLE_EQ(m.values[k - 1], num / den) << m.branch << " step " << k;
+      }
     }
   }
   const std::map<std::string, int> want = {{"magcache.ratios.0", 1}, {"magcache.ratios.1", 1},

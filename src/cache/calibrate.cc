@@ -143,9 +143,9 @@ StepCacheCalibration fit_step_caches(const std::vector<std::vector<StepCacheStat
           y[s.branch].insert(y[s.branch].end(), s.values.begin(), s.values.end());
         } else if (s.name == "magcache.ratios") {
           if (cal.magcache_series == 0) sum.assign(s.values.size(), 0.0);
-          FLOWKV_CHECK(s.values.size() == sum.size(), "calibration: request ", r + 1,
-                       " measured ", s.values.size(), " MagCache ratios, an earlier one ",
-                       sum.size(), ": run every request with the same step count");
+          FLOWKV_CHECK(s.values.size() == sum.size(), "calibration: request ", r + 1, " measured ",
+                       s.values.size(), " MagCache ratios, an earlier one ", sum.size(),
+                       ": run every request with the same step count");
           for (size_t i = 0; i < sum.size(); ++i) sum[i] += s.values[i];
           cal.magcache_series++;
         }
@@ -175,7 +175,8 @@ StepCacheCalibration fit_step_caches(const std::vector<std::vector<StepCacheStat
 }
 
 std::string StepCacheCalibration::teacache_spec() const {
-  return teacache.coefficients.empty() ? "" : "teacache:coefficients=" + joined(teacache.coefficients);
+  return teacache.coefficients.empty() ? ""
+                                       : "teacache:coefficients=" + joined(teacache.coefficients);
 }
 
 std::string StepCacheCalibration::magcache_spec() const {

@@ -28,7 +28,8 @@ std::string resolved(const std::string& path, const std::string& base_dir,
                      const std::string& where) {
   FLOWKV_CHECK(!path.empty(), where, " is an empty path");
   const std::filesystem::path p(path);
-  return p.is_absolute() || base_dir.empty() ? path : (std::filesystem::path(base_dir) / p).string();
+  return p.is_absolute() || base_dir.empty() ? path
+                                             : (std::filesystem::path(base_dir) / p).string();
 }
 
 EvalCase parse_case(const Json& c, const std::string& base_dir, const std::string& where) {
@@ -75,8 +76,8 @@ CaseManifest parse_case_manifest(const std::string& text, const std::string& bas
   m.steps = static_cast<int>(json_int(j, "steps", 0, 1, limits::kMaxSteps, what));
   if (j.contains("seed") && !j["seed"].is_null()) {
     const Json& s = j["seed"];
-    FLOWKV_CHECK(s.is_number_unsigned() || (s.is_number_integer() && s.get<int64_t>() >= 0),
-                 what, ": field \"seed\" must be a non-negative integer");
+    FLOWKV_CHECK(s.is_number_unsigned() || (s.is_number_integer() && s.get<int64_t>() >= 0), what,
+                 ": field \"seed\" must be a non-negative integer");
     m.seed = s.get<uint64_t>();
   }
   FLOWKV_CHECK(j.contains("cases") && j["cases"].is_array(), what,

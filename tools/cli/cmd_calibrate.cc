@@ -142,8 +142,9 @@ void add_calibrate(CLI::App& app) {
   cmd->add_option("--steps", o->steps,
                   "denoising steps (default: the manifest's, else the model's)")
       ->check(CLI::Range(1, static_cast<int>(limits::kMaxSteps)));
-  cmd->add_option("--size", o->size, "WIDTHxHEIGHT in pixels (default: the manifest's, else the "
-                                     "pipeline's rule)");
+  cmd->add_option("--size", o->size,
+                  "WIDTHxHEIGHT in pixels (default: the manifest's, else the "
+                  "pipeline's rule)");
   cmd->add_option("--seed", o->seed, "seed of the initial noise (default: the manifest's, else 0)")
       ->each([o](const std::string&) { o->seed_given = true; });
   cmd->add_option("--dtype", o->dtype, "transformer compute: auto, f32, bf16, int8")
