@@ -2,6 +2,7 @@
 // by running its requests with teacache:calibrate=1 and magcache:calibrate=1 (both in one run:
 // neither skips anything), and prints them as --cache specs to pass back.
 #include <cstdio>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <tuple>
 
@@ -49,6 +50,10 @@ std::vector<std::pair<std::string, GenerateRequest>> requests_of(const Opts& o) 
     if (o.steps == 0) base.steps = m.steps;
     if (!o.seed_given) base.seed = m.seed;
     for (const EvalCase& c : m.cases) {
+      for (const std::string& ref : c.references) {  // before minutes of work, not during
+        FLOWKV_CHECK(std::filesystem::is_regular_file(ref), o.cases, ": case '", c.name,
+                     "': reference ", ref, " is not a file");
+      }
       GenerateRequest r = base;
       r.prompt = c.prompt;
       r.references = c.references;
