@@ -86,6 +86,12 @@ void write_json(const std::string& path, const StepCacheCalibration& cal, int st
   write_file_atomic(path, j.dump(2) + "\n");
 }
 
+double poly(const std::vector<double>& highest_first, double x) {
+  double y = 0;
+  for (double c : highest_first) y = y * x + c;
+  return y;
+}
+
 int run(const Opts& o) {
   const auto requests = requests_of(o);
   std::vector<std::vector<StepCacheStats>> measured;
@@ -113,6 +119,21 @@ int run(const Opts& o) {
     std::printf(
         "teacache: %lld pairs, x in [%.6g, %.6g], degree-4 fit residual rms %.3g, max %.3g\n",
         static_cast<long long>(f.samples), f.x_min, f.x_max, f.rms_residual, f.max_residual);
+  }
+  if (!f.coefficients.empty()) {
+    // TeaCache accumulates p(x): a negative value inside the fitted range would pay back change
+    // already counted (noisy or too few pairs).
+    double worst_x = f.x_min, worst = poly(f.coefficients, f.x_min);
+    for (int i = 1; i <= 200; ++i) {
+      const double x = f.x_min + (f.x_max - f.x_min) * i / 200;
+      if (poly(f.coefficients, x) < worst) worst = poly(f.coefficients, x), worst_x = x;
+    }
+    if (worst < 0) {
+      std::printf(
+          "warning: the polynomial is negative (%.3g) at x = %.4g inside the fitted range; "
+          "calibrate on more cases\n",
+          worst, worst_x);
+    }
   }
   std::printf("magcache: %lld series averaged\n", static_cast<long long>(cal.magcache_series));
   if (!cal.teacache_spec().empty()) std::printf("--cache %s\n", cal.teacache_spec().c_str());
