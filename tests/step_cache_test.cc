@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -277,6 +278,48 @@ TEST(TeaCacheTrace, AccumulatesTheRescaledProbeChange) {
   // 5: last step computes.
   EXPECT_EQ(p.parts()[0]->stats().decisions, "CssCsC");
   EXPECT_THROW(decisions("teacache:model=nothing", 1, s), Error);
+}
+
+// calibrate=1: never skips; from each branch's second call on, one pair per call: x the probe's
+// relative L1 change, y the model output's (seen through observe_output).
+TEST(TeaCacheTrace, CalibrationRecordsTheProbeAndOutputChanges) {
+  Stack s;
+  Composite p = policy("teacache:calibrate=1", s);
+  const std::vector<float> outputs = {2.0f, 3.0f, 3.3f, 3.0f};
+  for (int k = 0; k < 4; ++k) {
+    for (int b = 0; b < 2; ++b) {
+      const StepContext c = step(k, 4, 500, b, true);
+      // Probe 1 + 0.1 k (branch 1: twice that); output outputs[k] (branch 1: its negative).
+      s.run(p, c, k, std::vector<float>(12, (1.0f + 0.1f * k) * (b + 1)));
+      const std::vector<float> v(6, b == 0 ? outputs[k] : -outputs[k]);
+      p.observe_output(c, v.data(), static_cast<int64_t>(v.size()));
+    }
+  }
+  EXPECT_EQ(p.parts()[0]->stats().decisions, "CCCCCCCC");
+  const std::vector<StepCacheSeries> m = p.measured();
+  ASSERT_EQ(m.size(), 4u);
+  const std::vector<double> x = {0.1 / 1.0, 0.1 / 1.1, 0.1 / 1.2};
+  const std::vector<double> y = {1.0 / 2.0, 0.3 / 3.0, 0.3 / 3.3};
+  for (int b = 0; b < 2; ++b) {
+    const StepCacheSeries& sx = m[2 * static_cast<size_t>(b)];
+    const StepCacheSeries& sy = m[2 * static_cast<size_t>(b) + 1];
+    EXPECT_EQ(sx.name, "teacache.x");
+    EXPECT_EQ(sy.name, "teacache.y");
+    EXPECT_EQ(sx.branch, b);
+    ASSERT_EQ(sx.values.size(), 3u);
+    ASSERT_EQ(sy.values.size(), 3u);
+    for (size_t i = 0; i < 3; ++i) {  // float inputs: relative 1e-6
+      EXPECT_NEAR(sx.values[i], x[i], 1e-6) << b << " " << i;
+      EXPECT_NEAR(sy.values[i], y[i], 1e-6) << b << " " << i;
+    }
+  }
+  EXPECT_NE(p.report().find("[TeaCache] Calibration: 3 pairs"), std::string::npos) << p.report();
+  // No coefficients are needed to calibrate, even for a model that publishes none.
+  Stack bare;
+  cache::Topology t = bare.topology();
+  t.tables.clear();
+  EXPECT_NO_THROW(cache::make_policies({"teacache:calibrate=1"}, t));
+  EXPECT_THROW(cache::make_policies({"teacache"}, t), Error);
 }
 
 // ---------------------------------------------------------------- FORA
@@ -638,6 +681,52 @@ TEST(StepCacheInModels, DecisionsFollowTheScheduleInsideBothModels) {
   EXPECT_EQ(st[0].sublayers_reused, 2 * 4 * q.cfg.num_layers);
   EXPECT_EQ(st[1].decisions, "CCrrCCrrCCrrCCrr");
   EXPECT_EQ(st[2].decisions, "CCCCrrCCrrCCrrCC");
+}
+
+// Calibration inside a model with CFG: nothing skipped (bit-identical to no policy), and per
+// branch steps - 1 finite TeaCache pairs and one MagCache ratio per step.
+TEST(StepCacheInModels, CalibrationNeverSkipsAndMeasuresEveryBranch) {
+  const test::Qwen21Fixture f(DType::kF32, 1);
+  constexpr int kSteps = 4;
+  Arena arena;
+  test::LoopRequest r = f.request(true, true, kSteps, /*batch_cfg=*/false);
+  r.opts.step_caches = {"teacache:calibrate=1", "magcache:calibrate=1"};
+  std::vector<std::vector<float>> outputs[2];  // each branch's velocity, step by step
+  r.observe = [&](int, const float* cond, const float* uncond, const float*, const float*) {
+    const size_t n = f.noise.size();
+    outputs[0].emplace_back(cond, cond + n);
+    outputs[1].emplace_back(uncond, uncond + n);
+  };
+  const auto res = test::run(arena, f.model, r);
+  EXPECT_TRUE(same(qwen_run(f, true, true, kSteps, {}), res.latents));
+  const std::vector<StepCacheStats>& st = res.step_caches;
+  ASSERT_EQ(st.size(), 2u);
+  std::map<std::string, int> seen;
+  for (const StepCacheStats& s : st) {
+    EXPECT_EQ(s.decisions, std::string(2 * kSteps, 'C')) << s.name;
+    EXPECT_EQ(s.blocks_skipped, 0) << s.name;
+    for (const StepCacheSeries& m : s.measured) {
+      seen[m.name + "." + std::to_string(m.branch)]++;
+      EXPECT_EQ(m.values.size(), m.name == "magcache.ratios" ? kSteps : kSteps - 1) << m.name;
+      for (double v : m.values) EXPECT_TRUE(std::isfinite(v) && v >= 0) << m.name << " " << v;
+      if (m.name != "teacache.y") continue;
+      // y: mean |v_k - v_{k-1}| / mean |v_{k-1}| of the branch's model output.
+      const auto& v = outputs[m.branch];
+      ASSERT_EQ(v.size(), static_cast<size_t>(kSteps));
+      for (size_t k = 1; k < v.size() && k - 1 < m.values.size(); ++k) {
+        double num = 0, den = 0;
+        for (size_t i = 0; i < v[k].size(); ++i) {
+          num += std::abs(double(v[k][i]) - v[k - 1][i]);
+          den += std::abs(double(v[k - 1][i]));
+        }
+        EXPECT_DOUBLE_EQ(m.values[k - 1], num / den) << m.branch << " step " << k;
+      }
+    }
+  }
+  const std::map<std::string, int> want = {{"magcache.ratios.0", 1}, {"magcache.ratios.1", 1},
+                                           {"teacache.x.0", 1},      {"teacache.x.1", 1},
+                                           {"teacache.y.0", 1},      {"teacache.y.1", 1}};
+  EXPECT_EQ(seen, want);
 }
 
 // Two requests in one process: the second never sees the first's state.

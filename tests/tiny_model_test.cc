@@ -2,19 +2,19 @@
 // rules, and its twin assets/tiny-klein-twin, trained without them) on every case of
 // assets/tiny-klein-kv/cases/cases.json:
 //   - flowkv's picture equals diffusers' (tests/golden/tiny_model, python/ref/dump_tiny_model.py)
-//     within +-1 per channel value, for both pipelines;
+//     within +-1 per channel value, for both pipelines (bf16 weights computed in f32 by both);
 //   - the exact reference cache gives the uncached picture bit for bit;
-//   - the answers are right: every edit's PSNR against its computed ground truth is above a
-//     floor, so a broken loader or kernel is caught by quality as well as by parity.
+//   - every edit's PSNR against its computed ground truth is above a floor, so a broken loader
+//     or kernel is caught by quality as well as by parity.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <filesystem>
 
 #include "flowkv/generate.h"
+#include "flowkv/image.h"
 #include "flowkv/metrics.h"
 #include "golden_util.h"
-#include "io/image.h"
 #include "io/json.h"
 
 namespace flowkv {
@@ -57,14 +57,8 @@ GenerateRequest request(const Manifest& m, const Case& c, bool kv) {
   r.width = m.width, r.height = m.height;
   r.steps = m.steps, r.seed = m.seed;
   r.kv_cache = kv;
+  r.dtype = "f32";  // diffusers ran the bf16 weights in float32
   return r;
-}
-
-Image image_of(const GenerateResult& r) {
-  Image im;
-  im.width = r.width, im.height = r.height, im.channels = r.channels;
-  im.pixels = r.pixels;
-  return im;
 }
 
 struct Model {
@@ -104,11 +98,12 @@ INSTANTIATE_TEST_SUITE_P(Committed, TinyModel,
                                            Model{"twin", "tiny-klein-twin"}),
                          [](const auto& i) { return i.param.tag; });
 
-// Each edit's answer against the computed ground truth. The floor is below every case's
-// measured PSNR of the committed weights (printed), and far above what a wrong answer gets: the
-// reference itself, unedited, scores under 12 dB against a rotated, mirrored or recoloured
-// truth, and random weights draw noise.
-constexpr double kFloorDb = 0;  // set from the measured PSNRs
+// Each edit's answer against the computed ground truth, above a floor that catches a broken
+// loader or kernel (noise scores 5-8 dB). Measured on the committed weights (2026-12-02): 14.7
+// to 21.0 dB, about what a blank picture of the right background scores (17-21.5 dB): this
+// first model learned the background and the colours, not yet the shapes (docs/builtin-model.md).
+// Raise the floor with the weights.
+constexpr double kFloorDb = 12;
 
 TEST(TinyModelQuality, EditsAreRightAgainstGroundTruth) {
   const Manifest m = manifest();
@@ -118,7 +113,7 @@ TEST(TinyModelQuality, EditsAreRightAgainstGroundTruth) {
     if (c.truth.empty()) continue;
     ++edits;
     const GenerateResult r = generate(folder, request(m, c, true));
-    const double db = psnr(image_of(r), load_image(c.truth));
+    const double db = psnr(to_image(r), load_image(c.truth));
     std::printf("  %-10s PSNR %.2f dB against the ground truth\n", c.name.c_str(), db);
     EXPECT_GE(db, kFloorDb) << c.name << ": \"" << c.prompt << "\"";
   }

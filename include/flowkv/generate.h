@@ -119,8 +119,9 @@ struct GenerateResult {
   // found there.
   std::vector<std::string> store_keys;
   int64_t store_hits = 0, store_misses = 0;
-  // What each approximate step cache did over the denoising loop (decisions per model call,
-  // calls / blocks / sublayers skipped), in the order of GenerateRequest::step_caches.
+  // What each approximate step cache (GenerateRequest::step_caches) did over the denoising
+  // loop (decisions per model call, calls / blocks / sublayers skipped), and what it measured
+  // when asked to calibrate (flowkv calibrate reads TeaCache's pairs and MagCache's ratios).
   std::vector<StepCacheStats> step_caches;
 };
 

@@ -22,13 +22,25 @@ std::vector<StepCachePolicy> step_cache_policies();
 // request starts, or up front by check_step_caches(specs, model) (flowkv/model.h).
 void check_step_caches(const std::vector<std::string>& specs);
 
+// Numbers a policy was asked to measure (calibrate=1), by name: TeaCache's pairs
+// "teacache.x" (the relative L1 change of block 0's modulated input since the branch's previous
+// call) and "teacache.y" (that of the model output), element i of both from the same call;
+// MagCache's "magcache.ratios" (one value per step, the first 1.0). One series per CFG branch
+// (and per completed run of num_steps calls, for MagCache).
+struct StepCacheSeries {
+  std::string name;
+  int branch = 0;  // 0: conditional (or the only branch), 1: unconditional
+  std::vector<double> values;
+};
+
 // What one policy did over a request.
 struct StepCacheStats {
   std::string name;
   std::string settings;   // the knobs in effect
   std::string decisions;  // one character per model call (C computed, s skipped,
                           // p predicted, r reused, a approximated)
-  std::string report;     // what it was asked to measure (MagCache calibration)
+  std::string report;     // what it was asked to measure (MagCache, TeaCache calibration)
+  std::vector<StepCacheSeries> measured;  // the same, as numbers
   int64_t blocks_run = 0, blocks_skipped = 0;
   int64_t sublayers_computed = 0, sublayers_reused = 0;
   int64_t calls_full = 0, calls_skipped = 0;

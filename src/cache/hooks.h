@@ -103,6 +103,9 @@ class StepHooks {
   virtual void observe_branches(const StepContext& ctx, const float* cond, const float* uncond,
                                 int64_t batch, int64_t tokens, int64_t channels, int64_t h,
                                 int64_t w) {}
+  // A branch's model output (its velocity, `count` floats [batch, tokens, channels]) after a
+  // call that ran, whatever its blocks did; valid during the call only (TeaCache calibration).
+  virtual void observe_output(const StepContext& ctx, const float* v, int64_t count) {}
 };
 
 }  // namespace flowkv::cache

@@ -161,6 +161,15 @@ std::string Composite::report() const {
   return r;
 }
 
+std::vector<StepCacheSeries> Composite::measured() const {
+  std::vector<StepCacheSeries> m;
+  for (const auto& p : parts_) {
+    std::vector<StepCacheSeries> part = p->measured();
+    m.insert(m.end(), part.begin(), part.end());
+  }
+  return m;
+}
+
 void Composite::begin(const Streams& in, Mat probe) {
   reused_by_.clear();
   for (auto& p : parts_) p->begin(in, probe);
@@ -231,6 +240,10 @@ void Composite::observe_branches(const StepContext& ctx, const float* cond, cons
                                  int64_t batch, int64_t tokens, int64_t channels, int64_t h,
                                  int64_t w) {
   for (auto& p : parts_) p->observe_branches(ctx, cond, uncond, batch, tokens, channels, h, w);
+}
+
+void Composite::observe_output(const StepContext& ctx, const float* v, int64_t count) {
+  for (auto& p : parts_) p->observe_output(ctx, v, count);
 }
 
 }  // namespace flowkv::cache

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cache/hooks.h"
+#include "flowkv/step_cache.h"
 
 namespace flowkv::cache {
 
@@ -62,6 +63,9 @@ class Policy : public BlockHooks, public StepHooks {
   virtual std::string describe() const = 0;  // the knobs in effect
   // Anything the user asked the policy to measure (MagCache calibration), printed after a run.
   virtual std::string report() const { return ""; }
+  // The same measurements as numbers (TeaCache's calibration pairs, MagCache's ratios), for a
+  // tool that fits them (flowkv calibrate).
+  virtual std::vector<StepCacheSeries> measured() const { return {}; }
   const PolicyStats& stats() const { return stats_; }
   const StepContext& step() const { return ctx_; }
 
@@ -104,6 +108,7 @@ class Composite final : public Policy {
   std::string name() const override;
   std::string describe() const override;
   std::string report() const override;
+  std::vector<StepCacheSeries> measured() const override;
   bool empty() const { return parts_.empty(); }
   const std::vector<std::unique_ptr<Policy>>& parts() const { return parts_; }
 
@@ -121,6 +126,7 @@ class Composite final : public Policy {
   void observe_branches(const StepContext& ctx, const float* cond, const float* uncond,
                         int64_t batch, int64_t tokens, int64_t channels, int64_t h,
                         int64_t w) override;
+  void observe_output(const StepContext& ctx, const float* v, int64_t count) override;
 
  private:
   std::vector<std::unique_ptr<Policy>> parts_;

@@ -169,6 +169,7 @@ LoopResult run_denoise(const ExecContext& ctx, DenoiseAdapter& a, const LoopOpti
       const double t0 = now();
       a.forward(ctx, b, call);
       step_seconds += now() - t0;
+      if (call.hooks) step_caches.policy().observe_output(sc, a.velocity(b), n);
     }
     if (k == 0) store.filled();
     if (branches == 2 && step_caches.active()) finish_branches(step_caches, sc, a, ran_uncond);

@@ -15,7 +15,7 @@ std::vector<StepCacheStats> StepCaches::stats() const {
   std::vector<StepCacheStats> out;
   for (const auto& p : policy_.parts()) {
     const cache::PolicyStats& s = p->stats();
-    out.push_back({p->name(), p->describe(), s.decisions, p->report(), s.blocks_run,
+    out.push_back({p->name(), p->describe(), s.decisions, p->report(), p->measured(), s.blocks_run,
                    s.blocks_skipped, s.sublayers_computed, s.sublayers_reused, s.calls_full,
                    s.calls_skipped, s.branches_skipped});
   }

@@ -15,6 +15,7 @@ void add_quantize(CLI::App& app);
 void add_predict(CLI::App& app);
 void add_bench(CLI::App& app);
 void add_caches(CLI::App& app);
+void add_calibrate(CLI::App& app);
 void add_generate(CLI::App& app);
 void add_bench_store(CLI::App& app);
 void add_serve(CLI::App& app);

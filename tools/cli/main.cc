@@ -40,6 +40,7 @@ int main(int argc, char** argv) {
   flowkv::cli::add_bench_store(app);
   flowkv::cli::add_caches(app);
   flowkv::cli::add_showcase(app);
+  flowkv::cli::add_calibrate(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

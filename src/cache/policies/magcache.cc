@@ -153,6 +153,7 @@ class MagCache final : public Policy {
     for (const auto& [branch, lines] : printed_) out += lines;
     return out;
   }
+  std::vector<StepCacheSeries> measured() const override { return measured_; }
 
  private:
   struct State {
@@ -169,6 +170,8 @@ class MagCache final : public Policy {
     if (calibrate_) {
       std::string list;
       for (float v : st.calibration) list += (list.empty() ? "" : ", ") + python_float(v);
+      measured_.push_back({"magcache.ratios", ctx_.branch,
+                           std::vector<double>(st.calibration.begin(), st.calibration.end())});
       printed_[ctx_.branch] +=
           std::string(ctx_.cfg ? (ctx_.branch == 0 ? "[cond]" : "[uncond]") : "") +
           "\n[MagCache] Calibration Complete. Copy these values to "
@@ -185,6 +188,7 @@ class MagCache final : public Policy {
   std::vector<double> ratios_;
   std::map<int, State> states_;
   std::map<int, std::string> printed_;
+  std::vector<StepCacheSeries> measured_;  // each completed calibration, in order
 };
 
 }  // namespace
