@@ -160,7 +160,7 @@ void add_calibrate(CLI::App& app) {
   cmd->add_option("--model", o->model, "pipeline folder")->required();
   cmd->add_option("--cases", o->cases,
                   "a case manifest (cases.json: size, steps, seed and cases with a name, a prompt "
-                  "and reference pictures; docs/caches.md)");
+                  "and reference pictures: the showcase manifest, docs/showcase.md)");
   cmd->add_option("-p,--prompt", o->prompts, "a prompt (instead of --cases); repeat for more");
   cmd->add_option("-r,--ref", o->refs, "a reference picture for every -p; repeat for more");
   cmd->add_option("--steps", o->steps,
