@@ -11,6 +11,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "flowkv/error.h"
 #include "flowkv/generate.h"
 #include "flowkv/image.h"
 #include "flowkv/metrics.h"
@@ -118,6 +119,31 @@ TEST(TinyModelQuality, EditsAreRightAgainstGroundTruth) {
     EXPECT_GE(db, kFloorDb) << c.name << ": \"" << c.prompt << "\"";
   }
   EXPECT_GE(edits, 8);
+}
+
+// The prompt's padded length: the tokenizer's model_max_length (64) by default, the request's
+// max_sequence_length when given (a model trained at 64 rows then draws something else), and
+// Qwen-Image-2.1, which pads to the longest branch, refuses it by name.
+TEST(TinyModelText, MaxSequenceLengthDefaultsToTheTokenizersAndCanBeAsked) {
+  const std::string folder = kAssets + "/tiny-klein-kv";
+  GenerateRequest r;
+  r.prompt = "a red 3 on white";
+  r.width = r.height = 64;
+  r.steps = 2;
+  EXPECT_EQ(generate_layout(folder, r).text_tokens, 64);
+  const GenerateResult at64 = generate(folder, r);
+  r.max_sequence_length = 64;
+  EXPECT_EQ(generate(folder, r).pixels, at64.pixels);
+  r.max_sequence_length = 512;
+  EXPECT_EQ(generate_layout(folder, r).text_tokens, 512);
+  EXPECT_NE(generate(folder, r).pixels, at64.pixels);
+  const std::string qwen21 = test::golden("qwen21_pipeline/pipeline");
+  try {
+    generate_layout(qwen21, r);
+    ADD_FAILURE() << "Qwen-Image-2.1 took a max_sequence_length";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("max_sequence_length"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -131,8 +131,8 @@ GenerateResult generate(const std::string& pipeline_dir, const GenerateRequest& 
 // A request's token layout, from the pipeline folder's tokenizer (and processor) and the
 // images' sizes, reading no weights: what the transformer will see, for predict and bench.
 struct GenerateLayout {
-  int64_t width = 0, height = 0;      // output pixels
-  int64_t text_tokens = 0;            // the prompt's text rows (Klein: always 512)
+  int64_t width = 0, height = 0;  // output pixels
+  int64_t text_tokens = 0;  // the prompt's text rows (Klein: max_sequence_length, 512 by default)
   std::vector<int64_t> image_tokens;  // latent tokens of each conditioning image, in order
   std::vector<std::pair<int64_t, int64_t>> image_sizes;  // their pixels (width, height) as encoded
   int64_t target_tokens = 0;
