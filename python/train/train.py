@@ -2,10 +2,8 @@
 diffusers' and transformers' own classes, on coloured MNIST digits (data.py).
 
     python/train/setup_venv.sh
-    python/train/.venv/bin/python python/train/train.py --out python/train/runs/kv            # ~25 min
-    python/train/.venv/bin/python python/train/train.py --out python/train/runs/twin \\
-        --rules none --components python/train/runs/kv                                      # the twin
-    python/train/.venv/bin/python python/train/train.py --smoke                             # seconds
+    python/train/train_all.sh                                     # the committed model and twin
+    python/train/.venv/bin/python python/train/train.py --smoke   # every stage, a few steps
 
 Stages, each with fixed seeds (same command, same machine: same weights):
   1. tokenizer  a byte-level BPE in Qwen's format (NFC, Qwen's Split regex, ByteLevel, Qwen3's
@@ -36,7 +34,6 @@ import argparse
 import json
 import math
 import os
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -256,10 +253,9 @@ def forward(tr, rules: str, noisy, refs, sigma, embeds):
     ref_ids = P._prepare_image_ids([r[:1] for r in refs])[0]
     packed = torch.cat([P._pack_latents(r) for r in refs], dim=1)
     if rules == "kv":
-        out = tr(torch.cat([packed, x], 1), embeds, sigma, torch.cat([ref_ids, latent_ids]),
-                 txt_ids, return_dict=False, kv_cache_mode="extract",
-                 num_ref_tokens=packed.shape[1], ref_fixed_timestep=0.0)[0]
-        return out
+        return tr(torch.cat([packed, x], 1), embeds, sigma, torch.cat([ref_ids, latent_ids]),
+                  txt_ids, return_dict=False, kv_cache_mode="extract",
+                  num_ref_tokens=packed.shape[1], ref_fixed_timestep=0.0)[0]
     out = tr(torch.cat([x, packed], 1), embeds, sigma, torch.cat([latent_ids, ref_ids]), txt_ids,
              return_dict=False)[0]
     return out[:, :x.shape[1]]
@@ -300,6 +296,7 @@ GROUPS = [(0, 0.35), (1, 0.45), (2, 0.20)]  # share of samples by reference coun
 
 
 def train_transformer(args, rng, bank, embeds_of):
+    from diffusers import Flux2KleinKVPipeline as P
     from diffusers import Flux2Transformer2DModel
     torch.manual_seed(args.seed + 2)
     tr = Flux2Transformer2DModel(**TRANSFORMER)
@@ -321,8 +318,7 @@ def train_transformer(args, rng, bank, embeds_of):
         noise = torch.randn(x0.shape, generator=gen)
         sigma = sample_sigma(gen, args.batch)
         noisy = (1 - sigma.view(-1, 1, 1, 1)) * x0 + sigma.view(-1, 1, 1, 1) * noise
-        target = (noise - x0)
-        from diffusers import Flux2KleinKVPipeline as P
+        target = noise - x0
         v = forward(tr, args.rules, noisy, ref_lat, sigma, embeds)
         loss = F.mse_loss(v, P._pack_latents(target))
         opt.zero_grad()
