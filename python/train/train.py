@@ -419,8 +419,8 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.smoke:
-        args.steps, args.vae_steps, args.bn_batches, args.batch, args.vae_batch = 30, 15, 1, 8, 4
-        args.bank = 192
+        args.steps, args.vae_steps, args.bn_batches, args.batch, args.vae_batch = 80, 60, 1, 8, 4
+        args.bank = 320  # at least 64 samples per reference count
         args.out = os.path.join(HERE, "runs", "smoke")
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
