@@ -123,15 +123,11 @@ TEST_P(KleinPipeline, GenerateMatchesDiffusersPixels) {
   const Image want = load_image(dir() + "/output.png");
   ASSERT_EQ(res.width, want.width);
   ASSERT_EQ(res.height, want.height);
-  int worst = 0, differ = 0;
-  for (size_t i = 0; i < want.pixels.size(); ++i) {
-    const int d = std::abs(int(res.pixels[i]) - int(want.pixels[i]));
-    worst = std::max(worst, d);
-    differ += d != 0;
-  }
-  EXPECT_LE(worst, 1) << differ << " channel values differ";
-  std::printf("  %s: %d of %zu channel values differ from diffusers' (max %d)\n",
-              GetParam().name.c_str(), differ, want.pixels.size(), worst);
+  const test::PixelDiff d = test::diff_pixels(res.pixels, want.pixels);
+  EXPECT_LE(d.worst, 1) << d.differ << " channel values differ";
+  std::printf("  %s: %lld of %zu channel values differ from diffusers' (max %d)\n",
+              GetParam().name.c_str(), static_cast<long long>(d.differ), want.pixels.size(),
+              d.worst);
   test::TempDir tmp;
   const std::string out = (tmp.path() / "out.png").string();
   save_png(out, res);

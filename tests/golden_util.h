@@ -92,4 +92,20 @@ struct GoldenCase {
   const float* at(const std::string& name) const { return in.at(name).f32(); }
 };
 
+// How far two 8-bit pictures' values are apart (same size): the largest difference and how many
+// values differ.
+struct PixelDiff {
+  int worst = 0;
+  int64_t differ = 0;
+};
+inline PixelDiff diff_pixels(const std::vector<uint8_t>& got, const std::vector<uint8_t>& want) {
+  PixelDiff r;
+  for (size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
+    const int d = std::abs(int(got[i]) - int(want[i]));
+    r.worst = std::max(r.worst, d);
+    r.differ += d != 0;
+  }
+  return r;
+}
+
 }  // namespace flowkv::test

@@ -167,16 +167,10 @@ TEST_P(Qwen21Generate, PixelsMatchDiffusers) {
   ASSERT_EQ(res.height, want.height);
   ASSERT_EQ(res.channels, 4);
   ASSERT_EQ(res.pixels.size(), want.pixels.size());
-  int64_t differ = 0;
-  int worst = 0;
-  for (size_t i = 0; i < res.pixels.size(); ++i) {
-    const int d = std::abs(int(res.pixels[i]) - int(want.pixels[i]));
-    differ += d != 0;
-    worst = std::max(worst, d);
-  }
+  const test::PixelDiff d = test::diff_pixels(res.pixels, want.pixels);
   std::printf("%s: %lld of %zu channel values differ from diffusers, max %d\n", c.c_str(),
-              static_cast<long long>(differ), res.pixels.size(), worst);
-  EXPECT_LE(worst, 1);  // the bar: within +-1 (measured: identical)
+              static_cast<long long>(d.differ), res.pixels.size(), d.worst);
+  EXPECT_LE(d.worst, 1);  // the bar: within +-1 (measured: identical)
   // The stages, in order, each timed.
   std::vector<std::string> names;
   for (const StageReport& s : res.stages) names.push_back(s.name);

@@ -82,15 +82,11 @@ TEST_P(TinyModel, MatchesDiffusersPixelsAndTheCacheIsExact) {
     ASSERT_EQ(cached.width, want.width);
     ASSERT_EQ(cached.height, want.height);
     ASSERT_EQ(cached.pixels.size(), want.pixels.size());
-    int worst = 0, differ = 0;
-    for (size_t i = 0; i < want.pixels.size(); ++i) {
-      const int d = std::abs(int(cached.pixels[i]) - int(want.pixels[i]));
-      worst = std::max(worst, d);
-      differ += d != 0;
-    }
-    EXPECT_LE(worst, 1) << differ << " channel values differ";
-    std::printf("  %s %-10s %3d of %zu channel values differ from diffusers' (max %d)\n",
-                GetParam().tag.c_str(), c.name.c_str(), differ, want.pixels.size(), worst);
+    const test::PixelDiff d = test::diff_pixels(cached.pixels, want.pixels);
+    EXPECT_LE(d.worst, 1) << d.differ << " channel values differ";
+    std::printf("  %s %-10s %3lld of %zu channel values differ from diffusers' (max %d)\n",
+                GetParam().tag.c_str(), c.name.c_str(), static_cast<long long>(d.differ),
+                want.pixels.size(), d.worst);
   }
 }
 
