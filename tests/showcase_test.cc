@@ -76,8 +76,9 @@ TEST(ShowcaseManifest, ParsesAndResolvesPaths) {
       R"({"size": [64, 48], "steps": 8, "seed": 3, "cases": [
           {"name": "red-3", "task": "text", "prompt": "a red 3 on white", "references": [],
            "truth": null},
-          {"name": "rotate-7", "task": "rotate", "prompt": "rotate it 90 degrees",
-           "references": ["refs/rotate-7.png", "/abs/x.png"], "truth": "truth/../truth/r.png"}]})",
+          {"name": "compose-7", "task": "compose", "prompt": "put the first left of the second",
+           "size": [128, 64], "references": ["refs/compose-7.png", "/abs/x.png"],
+           "truth": "truth/../truth/r.png"}]})",
       "/data/set", "cases.json");
   EXPECT_EQ(m.width, 64);
   EXPECT_EQ(m.height, 48);
@@ -87,14 +88,20 @@ TEST(ShowcaseManifest, ParsesAndResolvesPaths) {
   EXPECT_EQ(m.cases[0].name, "red-3");
   EXPECT_TRUE(m.cases[0].references.empty());
   EXPECT_EQ(m.cases[0].truth, "");
-  EXPECT_EQ(m.cases[1].task, "rotate");
-  EXPECT_EQ(m.cases[1].references[0], "/data/set/refs/rotate-7.png");
+  // A case's size is its own, else the manifest's.
+  EXPECT_EQ(m.cases[0].width, 64);
+  EXPECT_EQ(m.cases[0].height, 48);
+  EXPECT_EQ(m.cases[1].width, 128);
+  EXPECT_EQ(m.cases[1].height, 64);
+  EXPECT_EQ(m.cases[1].task, "compose");
+  EXPECT_EQ(m.cases[1].references[0], "/data/set/refs/compose-7.png");
   EXPECT_EQ(m.cases[1].references[1], "/abs/x.png");
   EXPECT_EQ(m.cases[1].truth, "/data/set/truth/r.png");
   // Size, steps and seed may be left out.
   const ShowcaseManifest d =
       parse_showcase_manifest(manifest(R"({"name": "a", "task": "t", "prompt": ""})"), ".", "m");
   EXPECT_EQ(d.width, 0);
+  EXPECT_EQ(d.cases[0].width, 0);
   EXPECT_EQ(d.steps, 0);
 }
 
@@ -123,6 +130,11 @@ TEST(ShowcaseManifest, RefusesEachMalformedField) {
                {"cases[0] \"a\"", "field \"task\" is missing"});
   expect_error([&] { parse(manifest(R"({"name": "a", "task": "t"})")); },
                {"cases[0] \"a\"", "field \"prompt\" is missing"});
+  expect_error([&] { parse(manifest(R"({"name": "a", "task": "t", "prompt": "", "size": [9]})")); },
+               {"cases[0] \"a\"", "\"size\" must be [width, height]"});
+  expect_error(
+      [&] { parse(manifest(R"({"name": "a", "task": "t", "prompt": "", "size": [9, 1e9]})")); },
+      {"cases[0] \"a\": size[1] (height)"});
   expect_error([&] { parse(manifest(R"({"name": "a", "task": "t", "prompt": 3})")); },
                {"field \"prompt\" must be a string"});
   expect_error([&] { parse(manifest(R"({"name": "../x", "task": "t", "prompt": "p"})")); },

@@ -12,17 +12,18 @@ namespace flowkv {
 // One picture to make. Paths are resolved against the manifest's folder (absolute ones kept).
 struct ShowcaseCase {
   std::string name;    // 1-64 of [A-Za-z0-9._-], not starting with '.'; unique; names its files
-  std::string task;    // a word that groups cases ("text", "rotate", "mirror", "compose")
+  std::string task;    // a word that groups cases ("text", "recolour", "compose")
   std::string prompt;  // may be empty
+  int64_t width = 0, height = 0;        // the case's "size", else the manifest's (0: default)
   std::vector<std::string> references;  // in order, at most limits::kMaxReferences
   std::string truth;                    // the expected picture; "" when the case has none
 };
 
 // {"size": [width, height], "steps": 8, "seed": 0, "cases": [{"name", "task", "prompt",
-//  "references": [...], "truth": "path" | null}, ...]}: size, steps and seed may be left out
-// (0: the pipeline's default size, the family's default steps, seed 0), as may a case's
-// references (none) and truth (none). Unknown fields are refused (a misspelt "refs" would
-// otherwise silently run a text-to-image case).
+//  "size": [width, height], "references": [...], "truth": "path" | null}, ...]}: size, steps
+// and seed may be left out (0: the pipeline's default size, the family's default steps,
+// seed 0), as may a case's size (the manifest's), references (none) and truth (none). Unknown
+// fields are refused (a misspelt "refs" would otherwise silently run a text-to-image case).
 struct ShowcaseManifest {
   int64_t width = 0, height = 0;
   int steps = 0;

@@ -1,5 +1,5 @@
 // The showcase's case manifest and sweep files (flowkv/showcase.h): every field checked, every
-// failure a flowkv::Error naming the file and the field ("cases.json: cases[2] \"rotate-7\":
+// failure a flowkv::Error naming the file and the field ("cases.json: cases[2] \"compose-7\":
 // references[0] must be a string").
 #include "flowkv/showcase.h"
 
@@ -83,6 +83,16 @@ std::string resolve(const std::string& base_dir, const std::string& p, const std
   return (std::filesystem::path(base_dir) / path).lexically_normal().string();
 }
 
+// An optional "size": [width, height] of j, into w and h (left as they are when absent or null).
+void parse_size(const Json& j, const std::string& where, int64_t& w, int64_t& h) {
+  if (!j.contains("size") || j["size"].is_null()) return;
+  const Json& size = j["size"];
+  FLOWKV_CHECK(size.is_array() && size.size() == 2, where,
+               ": field \"size\" must be [width, height]");
+  w = json_int_value(size[0], 1, limits::kMaxImageSide, where + ": size[0] (width)");
+  h = json_int_value(size[1], 1, limits::kMaxImageSide, where + ": size[1] (height)");
+}
+
 ShowcaseCase parse_case(const Json& j, size_t index, const std::string& base_dir,
                         const std::string& what) {
   std::string where = what + ": cases[" + std::to_string(index) + "]";
@@ -91,7 +101,8 @@ ShowcaseCase parse_case(const Json& j, size_t index, const std::string& base_dir
   c.name =
       check_name(string_field(j, "name", where, true, kMaxPathBytes), where + ": field \"name\"");
   where += " \"" + c.name + "\"";
-  only_fields(j, {"name", "task", "prompt", "references", "truth"}, where);
+  only_fields(j, {"name", "task", "prompt", "size", "references", "truth"}, where);
+  parse_size(j, where, c.width, c.height);
   c.task = string_field(j, "task", where, true, kMaxPathBytes);
   FLOWKV_CHECK(!c.task.empty() && c.task.size() <= kMaxNameBytes, where,
                ": field \"task\" must be 1-64 bytes");
@@ -179,13 +190,7 @@ ShowcaseManifest manifest_from_json(const Json& j, const std::string& base_dir,
   FLOWKV_CHECK(j.is_object(), what, ": the manifest must be an object with a \"cases\" list");
   only_fields(j, {"size", "steps", "seed", "cases"}, what);
   ShowcaseManifest m;
-  if (j.contains("size") && !j["size"].is_null()) {
-    const Json& size = j["size"];
-    FLOWKV_CHECK(size.is_array() && size.size() == 2, what,
-                 ": field \"size\" must be [width, height]");
-    m.width = json_int_value(size[0], 1, limits::kMaxImageSide, what + ": size[0] (width)");
-    m.height = json_int_value(size[1], 1, limits::kMaxImageSide, what + ": size[1] (height)");
-  }
+  parse_size(j, what, m.width, m.height);
   m.steps = static_cast<int>(json_int(j, "steps", 0, 1, limits::kMaxSteps, what));
   m.seed = static_cast<uint64_t>(json_int(j, "seed", 0, 0, INT64_MAX, what));
   FLOWKV_CHECK(j.contains("cases"), what, ": field \"cases\" is missing");
@@ -197,6 +202,8 @@ ShowcaseManifest manifest_from_json(const Json& j, const std::string& base_dir,
   std::set<std::string> names;
   for (size_t i = 0; i < cases.size(); ++i) {
     m.cases.push_back(parse_case(cases[i], i, base_dir, what));
+    ShowcaseCase& c = m.cases.back();
+    if (c.width == 0) c.width = m.width, c.height = m.height;
     FLOWKV_CHECK(names.insert(m.cases.back().name).second, what, ": cases[", i, "]: the name \"",
                  m.cases.back().name, "\" is used twice");
   }

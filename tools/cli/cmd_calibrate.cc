@@ -27,8 +27,8 @@ struct Opts {
   bool seed_given = false;
 };
 
-// The requests: the manifest's cases (its size, steps and seed unless the flags say otherwise),
-// or each -p with the -r pictures.
+// The requests: the manifest's cases (their sizes, its steps and seed unless the flags say
+// otherwise), or each -p with the -r pictures.
 std::vector<std::pair<std::string, GenerateRequest>> requests_of(const Opts& o) {
   FLOWKV_CHECK(o.cases.empty() != o.prompts.empty(),
                "give either --cases FILE or one or more -p PROMPT (with -r pictures)");
@@ -48,13 +48,13 @@ std::vector<std::pair<std::string, GenerateRequest>> requests_of(const Opts& o) 
   if (!o.cases.empty()) {
     // The showcase's manifest (flowkv/showcase.h); reading it checks every file it names.
     const ShowcaseManifest m = read_showcase_manifest(o.cases);
-    if (o.size.empty()) base.width = m.width, base.height = m.height;
     if (o.steps == 0) base.steps = m.steps;
     if (!o.seed_given) base.seed = m.seed;
     for (const ShowcaseCase& c : m.cases) {
       GenerateRequest r = base;
       r.prompt = c.prompt;
       r.references = c.references;
+      if (o.size.empty()) r.width = c.width, r.height = c.height;
       out.emplace_back(c.name, r);
     }
   } else {
@@ -167,7 +167,7 @@ void add_calibrate(CLI::App& app) {
                   "denoising steps (default: the manifest's, else the model's)")
       ->check(CLI::Range(1, static_cast<int>(limits::kMaxSteps)));
   cmd->add_option("--size", o->size,
-                  "WIDTHxHEIGHT in pixels (default: the manifest's, else the "
+                  "WIDTHxHEIGHT in pixels (default: each case's, else the "
                   "pipeline's rule)");
   cmd->add_option("--seed", o->seed, "seed of the initial noise (default: the manifest's, else 0)")
       ->each([o](const std::string&) { o->seed_given = true; });

@@ -118,12 +118,13 @@ struct Showcase {
     GenerateRequest probe;
     probe.prompt = m.cases[0].prompt;
     probe.references = m.cases[0].references;
-    probe.width = m.width, probe.height = m.height;
+    probe.width = m.cases[0].width, probe.height = m.cases[0].height;
     const Model model = Model::load(generate_layout(o.model, probe).transformer);
     // Each case's output size, from its references (no weights read), against its truth: a
     // mismatch is refused before minutes of work, not after.
     for (const ShowcaseCase& c : m.cases) {
       probe.prompt = c.prompt, probe.references = c.references;
+      probe.width = c.width, probe.height = c.height;
       const GenerateLayout l = generate_layout(o.model, probe);
       if (c.truth.empty()) continue;
       const Image truth = load_image(c.truth);
@@ -150,7 +151,7 @@ struct Showcase {
     GenerateRequest req;
     req.prompt = cr.c.prompt;
     req.references = cr.c.references;
-    req.width = m.width, req.height = m.height;
+    req.width = cr.c.width, req.height = cr.c.height;
     req.steps = c.steps;
     req.seed = m.seed;
     req.kv_cache = c.config.kv;
@@ -302,10 +303,13 @@ void add_showcase(CLI::App& app) {
       "  {\"size\": [64, 64], \"steps\": 8, \"seed\": 0, \"cases\": [\n"
       "    {\"name\": \"red-3\", \"task\": \"text\", \"prompt\": \"a red 3 on white\",\n"
       "     \"references\": [], \"truth\": null},\n"
-      "    {\"name\": \"rotate-7\", \"task\": \"rotate\", \"prompt\": \"rotate it 90 degrees\",\n"
-      "     \"references\": [\"refs/rotate-7.png\"], \"truth\": \"truth/rotate-7.png\"}]}\n"
-      "size is [width, height]; size, steps and seed may be left out (the pipeline's size, the\n"
-      "family's steps, seed 0), as may references and truth. Names are A-Z a-z 0-9 . _ -.\n"
+      "    {\"name\": \"compose-7\", \"task\": \"compose\",\n"
+      "     \"prompt\": \"put the first left of the second\", \"size\": [128, 64],\n"
+      "     \"references\": [\"refs/a.png\", \"refs/b.png\"], \"truth\": "
+      "\"truth/compose-7.png\"}]}\n"
+      "size is [width, height], a case's own overriding the manifest's; size, steps and seed may\n"
+      "be left out (the pipeline's size, the family's steps, seed 0), as may a case's size,\n"
+      "references and truth. Names are A-Z a-z 0-9 . _ -.\n"
       "\n"
       "--sweep quick (default): uncached, kv, and kv + each registered step cache at its\n"
       "defaults (MagCache: ratios=flux1). --sweep full: every step cache at its defaults and two\n"
