@@ -45,7 +45,7 @@ def main():
         for c in manifest["cases"]:
             refs = [PIL.Image.open(os.path.join(cases_dir, r)).convert("RGB")
                     for r in c["references"]]
-            w, h = manifest["size"]
+            w, h = c.get("size", manifest["size"])  # compose's own: 128x64
             image = pipe(prompt=c["prompt"], image=refs or None, height=h, width=w,
                          num_inference_steps=manifest["steps"], max_sequence_length=rows,
                          generator=torch.Generator("cpu").manual_seed(manifest["seed"]),

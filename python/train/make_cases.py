@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 
 import numpy as np
 from PIL import Image
@@ -19,7 +20,7 @@ import data
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 # (task, count): text cases have no single right answer (any 3 is a 3), edits have one.
-PLAN = [("text", 4), ("rotate", 2), ("mirror", 2), ("flip", 2), ("recolour", 2), ("compose", 2)]
+PLAN = [("text", 4), ("recolour", 4), ("background", 3), ("compose", 3)]
 
 
 def save_png(img: np.ndarray, path: str) -> None:
@@ -36,8 +37,9 @@ def main():
     a = ap.parse_args()
     digits = data.split(data.load_digits(a.cache), held_out=True)
     rng = np.random.default_rng(a.seed)
-    os.makedirs(os.path.join(a.out, "refs"), exist_ok=True)
-    os.makedirs(os.path.join(a.out, "truth"), exist_ok=True)
+    for sub in ("refs", "truth"):  # no stale pictures of an earlier plan
+        shutil.rmtree(os.path.join(a.out, sub), ignore_errors=True)
+        os.makedirs(os.path.join(a.out, sub))
     cases = []
     for task, count in PLAN:
         for i in range(count):
@@ -52,8 +54,12 @@ def main():
             if task != "text":
                 truth = f"truth/{name}.png"
                 save_png(target, os.path.join(a.out, truth))
-            cases.append({"name": name, "task": task, "prompt": prompt, "references": ref_paths,
-                          "truth": truth})
+            case = {"name": name, "task": task, "prompt": prompt}
+            h, w = target.shape[:2]
+            if (w, h) != (data.SIZE, data.SIZE):
+                case["size"] = [w, h]  # compose: 128x64
+            case.update(references=ref_paths, truth=truth)
+            cases.append(case)
     manifest = {"size": [data.SIZE, data.SIZE], "steps": 8, "seed": 0, "cases": cases}
     with open(os.path.join(a.out, "cases.json"), "w") as f:
         json.dump(manifest, f, indent=1)

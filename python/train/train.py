@@ -15,7 +15,8 @@ Stages, each with fixed seeds (same command, same machine: same weights):
   3. VAE        an AutoencoderKLFlux2 (channels 16/32/64: /4, latent 16 channels, so 2x2
                 patchified 64 channels at /8) trained to reconstruct the pictures, then its
                 BatchNorm running statistics set from the training latents
-  4. transformer  a Flux2Transformer2DModel (1 double + 2 single blocks, width 128) trained by
+  4. transformer  a Flux2Transformer2DModel (1 double + 2 single blocks, width 128: 2 heads of
+                64, RoPE axes 16/16/16/16, theta 2000) trained by
                 flow matching to predict noise - x0 from (1 - s) x0 + s noise.
                 --rules kv (Klein 9B KV's rules): references attend only to references and are
                 modulated at t = 0 (diffusers' kv_cache_mode="extract", the same forward the
@@ -53,10 +54,14 @@ ADDED = ["<think>", "</think>"]
 QWEN_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 
+# Two heads of 64 with 16 RoPE dimensions per axis (Klein: 128 and 32): with heads of 32 (8 per
+# axis) the two usable frequencies could not tell places on an 8x8 grid apart well enough, and
+# after 600 steps of recolouring the model still read a reference turned 180 degrees as well as
+# the right one; with 16 per axis it told them apart by 300 steps (docs/builtin-model.md).
 TRANSFORMER = dict(patch_size=1, in_channels=64, num_layers=1, num_single_layers=2,
-                   attention_head_dim=32, num_attention_heads=4, joint_attention_dim=96,
-                   timestep_guidance_channels=256, mlp_ratio=3.0, axes_dims_rope=(8, 8, 8, 8),
-                   rope_theta=2000, guidance_embeds=False)
+                   attention_head_dim=64, num_attention_heads=2, joint_attention_dim=96,
+                   timestep_guidance_channels=256, mlp_ratio=3.0,
+                   axes_dims_rope=(16, 16, 16, 16), rope_theta=2000, guidance_embeds=False)
 VAE = dict(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 3,
            up_block_types=("UpDecoderBlock2D",) * 3, block_out_channels=(16, 32, 64),
            layers_per_block=1, latent_channels=16, norm_num_groups=16, sample_size=64)
@@ -176,7 +181,7 @@ def train_vae(args, rng, digits, vae=None):
             lo, hi = 8, 24
     opt = torch.optim.AdamW(vae.parameters(), lr=lr0, weight_decay=0.0)
     losses = []
-    tasks = ["text", "rotate", "recolour", "compose"]
+    tasks = ["text", "recolour", "background", "compose"]
     for step in range(steps):
         lr = lr0 * min(1.0, (step + 1) / 30) * (0.55 + 0.45 * math.cos(math.pi * step / steps))
         for g in opt.param_groups:
@@ -210,8 +215,9 @@ def train_vae(args, rng, digits, vae=None):
     with torch.no_grad():
         for i in range(args.bn_batches):
             _, _, imgs = batch(rng, digits, tasks[i % len(tasks)], 64)
-            zs.append(P._patchify_latents(vae.encode(to_tensor(imgs)).latent_dist.mode()))
-    z = torch.cat(zs).transpose(0, 1).reshape(zs[0].shape[1], -1)
+            z = P._patchify_latents(vae.encode(to_tensor(imgs)).latent_dist.mode())
+            zs.append(z.transpose(0, 1).reshape(z.shape[1], -1))  # compose's are 8x16
+    z = torch.cat(zs, 1)
     vae.bn.running_mean.copy_(z.mean(1))
     vae.bn.running_var.copy_(z.var(1))
     vae.to(torch.bfloat16).float()
@@ -221,7 +227,7 @@ def train_vae(args, rng, digits, vae=None):
 
 
 def encode(vae, imgs: list[np.ndarray]) -> torch.Tensor:
-    """Pictures to the pipeline's normalised, patchified latents [B, 64, 8, 8]."""
+    """Pictures to the pipeline's normalised, patchified latents [B, 64, H / 8, W / 8]."""
     from diffusers import Flux2KleinKVPipeline as P
     with torch.no_grad():
         z = P._patchify_latents(vae.encode(to_tensor(imgs)).latent_dist.mode())
@@ -245,7 +251,7 @@ def forward(tr, rules: str, noisy, refs, sigma, embeds):
     """The velocity for the target tokens, with the references under the chosen rules."""
     from diffusers import Flux2KleinKVPipeline as P
     B = noisy.shape[0]
-    latent_ids = P._prepare_latent_ids(torch.zeros(1, 1, 8, 8))[0]
+    latent_ids = P._prepare_latent_ids(noisy[:1])[0]
     txt_ids = P._prepare_text_ids(embeds[:1])[0]
     x = P._pack_latents(noisy)
     if not refs:
@@ -271,7 +277,7 @@ def sample_sigma(gen: torch.Generator, n: int) -> torch.Tensor:
 
 def build_bank(args, rng, digits, vae):
     """The transformer's training samples, encoded once: per reference count, prompts,
-    target latents [N, 32, 8, 8] and each reference's latents."""
+    target latents [N, 64, 8, 8] ([N, 64, 8, 16] for compose) and each reference's latents."""
     bank = {}
     for nrefs, share in GROUPS:
         n = int(args.bank * share) // 64 * 64
@@ -292,7 +298,7 @@ def build_bank(args, rng, digits, vae):
     return bank
 
 
-GROUPS = [(0, 0.35), (1, 0.45), (2, 0.20)]  # share of samples by reference count
+GROUPS = [(0, 0.3), (1, 0.45), (2, 0.25)]  # share of samples by reference count
 
 
 def train_transformer(args, rng, bank, embeds_of):
@@ -309,7 +315,13 @@ def train_transformer(args, rng, bank, embeds_of):
         lr = args.lr * min(1.0, (step + 1) / 100) * (0.55 + 0.45 * math.cos(math.pi * step / args.steps))
         for g in opt.param_groups:
             g["lr"] = lr
-        nrefs = int(rng.choice([g for g, _ in GROUPS], p=[w for _, w in GROUPS]))
+        # The first --copy-first steps train the edits alone: a model that must also learn to
+        # draw from text keeps its edit loss level with text-to-image's (it reads the
+        # references' colours, not their layout) far longer than one that can only win by
+        # copying, which learns to align positions within a few hundred steps.
+        groups = [(g, w) for g, w in GROUPS if g > 0 or step >= args.copy_first]
+        total = sum(w for _, w in groups)
+        nrefs = int(rng.choice([g for g, _ in groups], p=[w / total for _, w in groups]))
         b = bank[nrefs]
         idx = torch.from_numpy(rng.choice(len(b["prompts"]), size=args.batch, replace=False))
         x0 = b["targets"][idx]
@@ -395,10 +407,12 @@ def main():
     ap.add_argument("--out", default=os.path.join(HERE, "runs", "kv"))
     ap.add_argument("--rules", choices=["kv", "none"], default="kv")
     ap.add_argument("--components", help="reuse this run's tokenizer, text encoder and VAE")
-    ap.add_argument("--steps", type=int, default=1200)
+    ap.add_argument("--steps", type=int, default=1600)
     ap.add_argument("--prepare-only", action="store_true",
                     help="stop after the shared components and the training samples")
     ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--copy-first", type=int, default=400,
+                    help="train only the edits (tasks with references) for this many steps first")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--bank", type=int, default=4096, help="training samples encoded once")
     ap.add_argument("--vae-steps", type=int, default=500)
@@ -421,6 +435,7 @@ def main():
     if args.smoke:
         args.steps, args.vae_steps, args.bn_batches, args.batch, args.vae_batch = 80, 60, 1, 8, 4
         args.bank = 320  # at least 64 samples per reference count
+        args.copy_first = 20
         args.out = os.path.join(HERE, "runs", "smoke")
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)

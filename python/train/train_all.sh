@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The built-in model from scratch, as committed (assets/tiny-klein-kv, assets/tiny-klein-twin):
-# about 45 minutes on 2 cores with nothing else running. Each step is deterministic (fixed seeds).
+# about 55 minutes on 2 cores with nothing else running. Each step is deterministic (fixed seeds).
 #   1. tokenizer, text encoder, VAE (500 steps on random 32x32 crops: a quarter of the cost)
 #   2. the VAE 2000 more steps on 32x32 crops of the digit (where the strokes are)
 #   3. the VAE 600 more steps on whole 64x64 pictures (a VAE that saw only crops
@@ -17,8 +17,8 @@ runs=python/train/runs
     --vae-continue 2000 --vae-batch 16 --vae-crop digit
 "$py" python/train/train.py --out $runs/kv --components $runs/kv --prepare-only --threads 2 \
     --vae-continue 600 --vae-crop full
-"$py" python/train/train.py --out $runs/kv --components $runs/kv --steps 1000 > $runs/kv.log 2>&1 &
-"$py" python/train/train.py --out $runs/twin --rules none --components $runs/kv --steps 1000 \
+"$py" python/train/train.py --out $runs/kv --components $runs/kv --steps 1600 > $runs/kv.log 2>&1 &
+"$py" python/train/train.py --out $runs/twin --rules none --components $runs/kv --steps 1600 \
     > $runs/twin.log 2>&1 &
 wait
 "$py" python/train/make_cases.py --out assets/tiny-klein-kv/cases
