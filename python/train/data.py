@@ -21,7 +21,7 @@ fixed distance away (compose's right half: 64 pixels), because that is what this
 learn: Flux2's transformer has no absolute position, only RoPE's relative one, so a 3-block
 model learns "copy from the same place" quickly but not "copy from the mirrored place".
 Rotate, mirror and flip were tried first (docs/builtin-model.md): after 2,000 steps the
-model gave a reference turned 180 degrees the same loss as the right one.
+model gave a reference turned 180 degrees nearly the same loss as the right one.
 """
 from __future__ import annotations
 
