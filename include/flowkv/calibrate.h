@@ -18,6 +18,7 @@ struct PolynomialFit {
   double rms_residual = 0;  // sqrt(mean((y - p(x))^2)) over the samples
   double max_residual = 0;  // max |y - p(x)|
   double x_min = 0, x_max = 0;
+  double at(double x) const;  // p(x), by Horner's rule (numpy.poly1d's evaluation)
 };
 
 // Fits in double: x is mapped onto [-1, 1] (its midpoint and half-range), the Vandermonde

@@ -53,12 +53,6 @@ std::vector<double> least_squares_qr(std::vector<double>& a, std::vector<double>
   return c;
 }
 
-double horner(const std::vector<double>& highest_first, double x) {
-  double y = 0;
-  for (double c : highest_first) y = y * x + c;
-  return y;
-}
-
 // The shortest decimal text that reads back as the same double.
 std::string shortest(double v) {
   char buf[40];
@@ -121,12 +115,18 @@ PolynomialFit fit_polynomial(const std::vector<double>& x, const std::vector<dou
   fit.coefficients.assign(ascending.rbegin(), ascending.rend());
   double ss = 0;
   for (size_t i = 0; i < n; ++i) {
-    const double r = y[i] - horner(fit.coefficients, x[i]);
+    const double r = y[i] - fit.at(x[i]);
     ss += r * r;
     fit.max_residual = std::max(fit.max_residual, std::abs(r));
   }
   fit.rms_residual = std::sqrt(ss / static_cast<double>(n));
   return fit;
+}
+
+double PolynomialFit::at(double x) const {
+  double y = 0;
+  for (double c : coefficients) y = y * x + c;
+  return y;
 }
 
 StepCacheCalibration fit_step_caches(const std::vector<std::vector<StepCacheStats>>& requests) {

@@ -84,12 +84,6 @@ void write_json(const std::string& path, const StepCacheCalibration& cal, int st
   write_file_atomic(path, j.dump(2) + "\n");
 }
 
-double poly(const std::vector<double>& highest_first, double x) {
-  double y = 0;
-  for (double c : highest_first) y = y * x + c;
-  return y;
-}
-
 int run(const Opts& o) {
   const auto requests = requests_of(o);
   std::vector<std::vector<StepCacheStats>> measured;
@@ -121,10 +115,10 @@ int run(const Opts& o) {
   if (!f.coefficients.empty()) {
     // TeaCache accumulates p(x): a negative value inside the fitted range would pay back change
     // already counted (noisy or too few pairs).
-    double worst_x = f.x_min, worst = poly(f.coefficients, f.x_min);
+    double worst_x = f.x_min, worst = f.at(f.x_min);
     for (int i = 1; i <= 200; ++i) {
       const double x = f.x_min + (f.x_max - f.x_min) * i / 200;
-      if (poly(f.coefficients, x) < worst) worst = poly(f.coefficients, x), worst_x = x;
+      if (const double p = f.at(x); p < worst) worst = p, worst_x = x;
     }
     if (worst < 0) {
       std::printf(

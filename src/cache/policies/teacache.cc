@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <limits>
 #include <map>
+#include <utility>
 
 #include "cache/policies/stack_residual.h"
 #include "cache/policy.h"
@@ -87,7 +88,7 @@ class TeaCache final : public Policy {
   void observe_output(const StepContext& ctx, const float* v, int64_t count) override {
     if (!calibrate_) return;
     State& st = states_[ctx.branch];
-    StreamCopy out;
+    StreamCopy& out = st.out;  // reuses its buffer: no allocation per call after the first
     out.batch = 1, out.seq = 1, out.cols = count;
     out.v.assign(v, v + count);
     if (std::isfinite(st.pending_x) && same_shape(out, st.prev_out)) {
@@ -99,7 +100,7 @@ class TeaCache final : public Policy {
       }
     }
     st.pending_x = kNone;
-    st.prev_out = std::move(out);
+    std::swap(st.prev_out, out);
   }
 
   std::string report() const override {
@@ -132,9 +133,10 @@ class TeaCache final : public Policy {
     double acc = 0;
     StreamCopy prev;  // the previous call's probe
     StackResidual stack;
-    // Calibration: this call's x until its output arrives, and the previous call's output.
+    // Calibration: this call's x until its output arrives, the previous call's output, and the
+    // buffer the next output is copied into (swapped with prev_out).
     double pending_x = kNone;
-    StreamCopy prev_out;
+    StreamCopy prev_out, out;
   };
   struct Pairs {
     std::vector<double> x, y;
