@@ -287,7 +287,13 @@ TEST(Ops, NarrowWeightsMatchThePackedPath) {
       ops::Linear packed(wt, compute);
       ops::set_compact_weights(true);
       ops::Linear narrow(wt, compute, /*keep_plain=*/true);
-      EXPECT_EQ(narrow.packed_bytes(), n * k * 2);
+      if (compute == DType::kBF16 && ops::native_bf16_gemm()) {
+        // A CPU with bf16 instructions multiplies bf16 in oneDNN: packed bf16, padded to its
+        // blocks (n = 90 is no multiple of them).
+        EXPECT_GE(narrow.packed_bytes(), n * k * 2);
+      } else {
+        EXPECT_EQ(narrow.packed_bytes(), n * k * 2);
+      }
       std::vector<float> a(m * n), b(m * n), r(m * n);
       packed.forward(c.fast, make_mat(x.data(), m, k), make_mat(a.data(), m, n));
       narrow.forward(c.fast, make_mat(x.data(), m, k), make_mat(b.data(), m, n));
