@@ -10,11 +10,18 @@ Every picture is 64x64 RGB: a digit's 28x28 coverage a, scaled to 48x48 (PIL bil
 centred, painted as bg * (1 - a) + fg * a.
 
 Tasks (number of references):
-  text        (0) "a red 3 on white"                  a fresh digit of that class and colours
+  text        (0) "a red 3 on white"                  the class's prototype digit (below) in
+                                                      those colours
   recolour    (1) "make it blue"                      the same digit in the new colour
   background  (1) "put it on black"                   the same digit on the other background
   compose     (2) "put the first left of the second"  a 128x64 picture: the first reference on
                                                       the left, the second on the right
+
+Text to image draws one digit per class, its prototype: the training digit nearest its class's
+mean. A prompt then has one right picture, scored like the edits, and the model learns a lookup
+it can master in this budget. With a random digit of the class as the answer, 1,600 steps
+left the digit's shape to the noise: giving the model a wrong digit in the prompt raised its
+loss by 1% (docs/builtin-model.md).
 
 Every edit's answer takes each pixel from the same place of a reference, or from a place a
 fixed distance away (compose's right half: 64 pixels), because that is what this model can
@@ -51,6 +58,7 @@ COLOURS = {
 BACKGROUNDS = {"white": (255, 255, 255), "black": (0, 0, 0)}
 
 TASKS_BY_REFS = {0: ["text"], 1: ["recolour", "background"], 2: ["compose"]}
+TASKS = [t for n in sorted(TASKS_BY_REFS) for t in TASKS_BY_REFS[n]]
 FIXED_PROMPTS = {"compose": "put the first left of the second"}
 
 
@@ -73,6 +81,13 @@ def all_prompts() -> list[str]:
     out += [background_prompt(bg) for bg in BACKGROUNDS]
     out += list(FIXED_PROMPTS.values())
     return out
+
+
+def task_of(prompt: str, nrefs: int) -> str:
+    """Which task a training sample's prompt and reference count belong to."""
+    if nrefs != 1:
+        return TASKS_BY_REFS[nrefs][0]
+    return "background" if prompt.startswith("put it on") else "recolour"
 
 
 def fetch_mnist(cache: str) -> str:
@@ -116,6 +131,15 @@ def split(digits: dict[int, np.ndarray], held_out: bool) -> dict[int, np.ndarray
     return res
 
 
+def prototypes(digits: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
+    """Class -> its prototype: the digit nearest the class's mean (give it the training split,
+    so training, cases and evaluation share one prototype per class)."""
+    out = {}
+    for d, a in digits.items():
+        out[d] = a[int(np.argmin(((a - a.mean(0)) ** 2).sum((1, 2))))]
+    return out
+
+
 def coverage(a28: np.ndarray) -> np.ndarray:
     """A 28x28 digit as 64x64 coverage: scaled to 48x48 (PIL bilinear), centred."""
     im = Image.fromarray(np.clip(a28 * 255 + 0.5, 0, 255).astype(np.uint8), "L")
@@ -139,9 +163,11 @@ def compose(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.concatenate([a, b], axis=1)
 
 
-def make_sample(rng: np.random.Generator, digits: dict[int, np.ndarray], task: str):
+def make_sample(rng: np.random.Generator, digits: dict[int, np.ndarray], task: str,
+                protos: dict[int, np.ndarray]):
     """(prompt, [reference uint8 images], target uint8 image) for one task; the target is
-    64x64, or 128x64 (width x height) for compose."""
+    64x64, or 128x64 (width x height) for compose. Edits take their digits from `digits`, text
+    to image draws `protos` (prototypes())."""
     def pick():
         d = int(rng.integers(10))
         return d, coverage(digits[d][rng.integers(len(digits[d]))])
@@ -149,8 +175,8 @@ def make_sample(rng: np.random.Generator, digits: dict[int, np.ndarray], task: s
     fgs, bgs = list(COLOURS), list(BACKGROUNDS)
     fg, bg = fgs[rng.integers(len(fgs))], bgs[rng.integers(len(bgs))]
     if task == "text":
-        d, a = pick()
-        return text_prompt(fg, d, bg), [], paint(a, fg, bg)
+        d = int(rng.integers(10))
+        return text_prompt(fg, d, bg), [], paint(coverage(protos[d]), fg, bg)
     if task == "compose":
         (_, a), (_, b) = pick(), pick()
         fg2 = fgs[rng.integers(len(fgs))]

@@ -19,7 +19,7 @@ import data
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-# (task, count): text cases have no single right answer (any 3 is a 3), edits have one.
+# (task, count); every case has one right answer (text to image: the class's prototype).
 PLAN = [("text", 4), ("recolour", 4), ("background", 3), ("compose", 3)]
 
 
@@ -35,7 +35,9 @@ def main():
     ap.add_argument("--cache", default=os.path.join(HERE, ".cache"))
     ap.add_argument("--seed", type=int, default=2026)
     a = ap.parse_args()
-    digits = data.split(data.load_digits(a.cache), held_out=True)
+    all_digits = data.load_digits(a.cache)
+    digits = data.split(all_digits, held_out=True)
+    protos = data.prototypes(data.split(all_digits, held_out=False))
     rng = np.random.default_rng(a.seed)
     for sub in ("refs", "truth"):  # no stale pictures of an earlier plan
         shutil.rmtree(os.path.join(a.out, sub), ignore_errors=True)
@@ -44,16 +46,14 @@ def main():
     for task, count in PLAN:
         for i in range(count):
             name = f"{task}-{i + 1}"
-            prompt, refs, target = data.make_sample(rng, digits, task)
+            prompt, refs, target = data.make_sample(rng, digits, task, protos)
             ref_paths = []
             for k, r in enumerate(refs):
                 p = f"refs/{name}-{k + 1}.png"
                 save_png(r, os.path.join(a.out, p))
                 ref_paths.append(p)
-            truth = None
-            if task != "text":
-                truth = f"truth/{name}.png"
-                save_png(target, os.path.join(a.out, truth))
+            truth = f"truth/{name}.png"
+            save_png(target, os.path.join(a.out, truth))
             case = {"name": name, "task": task, "prompt": prompt}
             h, w = target.shape[:2]
             if (w, h) != (data.SIZE, data.SIZE):

@@ -17,7 +17,8 @@ Stages, each with fixed seeds (same command, same machine: same weights):
                 BatchNorm running statistics set from the training latents
   4. transformer  a Flux2Transformer2DModel (1 double + 2 single blocks, width 128: 2 heads of
                 64, RoPE axes 16/16/16/16, theta 2000) trained by
-                flow matching to predict noise - x0 from (1 - s) x0 + s noise.
+                flow matching to predict noise - x0 from (1 - s) x0 + s noise: every step
+                one batch of edits, and after --copy-first a batch of text to image too.
                 --rules kv (Klein 9B KV's rules): references attend only to references and are
                 modulated at t = 0 (diffusers' kv_cache_mode="extract", the same forward the
                 pipeline runs at step 0), so their K/V are the same at every step.
@@ -155,17 +156,17 @@ def to_tensor(imgs: list[np.ndarray]) -> torch.Tensor:
     return x * 2 - 1
 
 
-def batch(rng, digits, task, n):
+def batch(rng, digits, task, n, protos):
     prompts, refs, targets = [], [], []
     for _ in range(n):
-        p, r, t = data.make_sample(rng, digits, task)
+        p, r, t = data.make_sample(rng, digits, task, protos)
         prompts.append(p), refs.append(r), targets.append(t)
     return prompts, refs, targets
 
 
 # ---------------------------------------------------------------- 3. VAE
 
-def train_vae(args, rng, digits, vae=None):
+def train_vae(args, rng, digits, protos, vae=None):
     """Trains a new VAE, or continues `vae` (--vae-continue: crops kept on the digit)."""
     from diffusers import AutoencoderKLFlux2
     torch.manual_seed(args.seed + 1)
@@ -186,7 +187,7 @@ def train_vae(args, rng, digits, vae=None):
         lr = lr0 * min(1.0, (step + 1) / 30) * (0.55 + 0.45 * math.cos(math.pi * step / steps))
         for g in opt.param_groups:
             g["lr"] = lr
-        _, _, imgs = batch(rng, digits, tasks[step % len(tasks)], args.vae_batch)
+        _, _, imgs = batch(rng, digits, tasks[step % len(tasks)], args.vae_batch, protos)
         # Random 32x32 crops: convolutions are the same at any size and a quarter of the cost
         # (the mid-block attention sees 8x8 instead of 16x16 positions).
         # Whole pictures at the end (--vae-crop full): GroupNorm statistics and the mid-block
@@ -214,7 +215,7 @@ def train_vae(args, rng, digits, vae=None):
     zs = []
     with torch.no_grad():
         for i in range(args.bn_batches):
-            _, _, imgs = batch(rng, digits, tasks[i % len(tasks)], 64)
+            _, _, imgs = batch(rng, digits, tasks[i % len(tasks)], 64, protos)
             z = P._patchify_latents(vae.encode(to_tensor(imgs)).latent_dist.mode())
             zs.append(z.transpose(0, 1).reshape(z.shape[1], -1))  # compose's are 8x16
     z = torch.cat(zs, 1)
@@ -275,7 +276,7 @@ def sample_sigma(gen: torch.Generator, n: int) -> torch.Tensor:
     return torch.where(pick, shifted, u).clamp(1e-3, 1.0)
 
 
-def build_bank(args, rng, digits, vae):
+def build_bank(args, rng, digits, protos, vae):
     """The transformer's training samples, encoded once: per reference count, prompts,
     target latents [N, 64, 8, 8] ([N, 64, 8, 16] for compose) and each reference's latents."""
     bank = {}
@@ -286,7 +287,7 @@ def build_bank(args, rng, digits, vae):
         for start in range(0, n, 64):
             ps, rs, ts = [], [], []
             for i in range(64):
-                p, r, t = data.make_sample(rng, digits, tasks[i % len(tasks)])
+                p, r, t = data.make_sample(rng, digits, tasks[i % len(tasks)], protos)
                 ps.append(p), rs.append(r), ts.append(t)
             prompts += ps
             targets.append(encode(vae, ts))
@@ -298,7 +299,10 @@ def build_bank(args, rng, digits, vae):
     return bank
 
 
-GROUPS = [(0, 0.3), (1, 0.45), (2, 0.25)]  # share of samples by reference count
+# Training samples by reference count. The edits' batches are drawn 0.45 : 0.25 (one reference:
+# recolour and background swap, alternating; two: compose); text to image (0) is a batch of its
+# own at every step after --copy-first.
+GROUPS = [(0, 0.3), (1, 0.45), (2, 0.25)]
 
 
 def train_transformer(args, rng, bank, embeds_of):
@@ -310,38 +314,50 @@ def train_transformer(args, rng, bank, embeds_of):
         set_kv_processors(tr)
     opt = torch.optim.AdamW(tr.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.99))
     gen = torch.Generator().manual_seed(args.seed + 3)
+
+    def group_loss(nrefs, n):
+        b = bank[nrefs]
+        idx = torch.from_numpy(rng.choice(len(b["prompts"]), size=n, replace=False))
+        x0 = b["targets"][idx]
+        ref_lat = [r[idx] for r in b["refs"]]
+        embeds = torch.stack([embeds_of[b["prompts"][i]] for i in idx.tolist()])
+        noise = torch.randn(x0.shape, generator=gen)
+        sigma = sample_sigma(gen, n)
+        noisy = (1 - sigma.view(-1, 1, 1, 1)) * x0 + sigma.view(-1, 1, 1, 1) * noise
+        v = forward(tr, args.rules, noisy, ref_lat, sigma, embeds)
+        per = ((v - P._pack_latents(noise - x0)) ** 2).mean((1, 2))
+        tasks = [data.task_of(b["prompts"][i], nrefs) for i in idx.tolist()]
+        return per.mean(), {t: per[[k for k, u in enumerate(tasks) if u == t]].mean().item()
+                            for t in set(tasks)}
+
+    edit_groups = [(g, w) for g, w in GROUPS if g > 0]
+    total = sum(w for _, w in edit_groups)
     losses, t0 = [], time.time()
     for step in range(args.steps):
         lr = args.lr * min(1.0, (step + 1) / 100) * (0.55 + 0.45 * math.cos(math.pi * step / args.steps))
         for g in opt.param_groups:
             g["lr"] = lr
-        # The first --copy-first steps train the edits alone: a model that must also learn to
-        # draw from text keeps its edit loss level with text-to-image's (it reads the
-        # references' colours, not their layout) far longer than one that can only win by
-        # copying, which learns to align positions within a few hundred steps.
-        groups = [(g, w) for g, w in GROUPS if g > 0 or step >= args.copy_first]
-        total = sum(w for _, w in groups)
-        nrefs = int(rng.choice([g for g, _ in groups], p=[w / total for _, w in groups]))
-        b = bank[nrefs]
-        idx = torch.from_numpy(rng.choice(len(b["prompts"]), size=args.batch, replace=False))
-        x0 = b["targets"][idx]
-        ref_lat = [r[idx] for r in b["refs"]]
-        embeds = torch.stack([embeds_of[b["prompts"][i]] for i in idx.tolist()])
-        noise = torch.randn(x0.shape, generator=gen)
-        sigma = sample_sigma(gen, args.batch)
-        noisy = (1 - sigma.view(-1, 1, 1, 1)) * x0 + sigma.view(-1, 1, 1, 1) * noise
-        target = noise - x0
-        v = forward(tr, args.rules, noisy, ref_lat, sigma, embeds)
-        loss = F.mse_loss(v, P._pack_latents(target))
+        # Every step trains one batch of edits (one or two references), and after the first
+        # --copy-first steps a batch of text to image as well. A model that must also learn to
+        # draw from text from the start keeps its edit loss level with text-to-image's (it
+        # reads the references' colours, not their layout) far longer than one that can only
+        # win by copying, which learns to align positions within a few hundred steps. Text
+        # batches are cheap (no references), so they ride along instead of taking turns.
+        nrefs = int(rng.choice([g for g, _ in edit_groups], p=[w / total for _, w in edit_groups]))
+        parts = [group_loss(nrefs, args.batch)]
+        if step >= args.copy_first:
+            parts.append(group_loss(0, args.batch))
+        loss = sum(l for l, _ in parts)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(tr.parameters(), 1.0)
         opt.step()
-        losses.append((nrefs, loss.item()))
+        losses += [(t, l) for _, by_task in parts for t, l in sorted(by_task.items())]
         if step % 50 == 0 or step == args.steps - 1:
-            recent = [l for _, l in losses[-50:]]
-            log(f"transformer ({args.rules}) step {step}/{args.steps} loss {np.mean(recent):.4f} "
-                f"({(time.time() - t0) / (step + 1):.2f} s/step)")
+            recent = {t: [l for u, l in losses[-400:] if u == t] for t in data.TASKS}
+            log(f"transformer ({args.rules}) step {step}/{args.steps} loss " +
+                " ".join(f"{t} {np.mean(v):.4f}" for t, v in recent.items() if v) +
+                f" ({(time.time() - t0) / (step + 1):.2f} s/step)")
     return tr.eval(), losses
 
 
@@ -413,7 +429,7 @@ def main():
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--copy-first", type=int, default=400,
                     help="train only the edits (tasks with references) for this many steps first")
-    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--bank", type=int, default=4096, help="training samples encoded once")
     ap.add_argument("--vae-steps", type=int, default=500)
     ap.add_argument("--vae-batch", type=int, default=8)
@@ -433,33 +449,35 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.smoke:
-        args.steps, args.vae_steps, args.bn_batches, args.batch, args.vae_batch = 80, 60, 1, 8, 4
+        # The VAE's loss sits on a plateau for its first 50-100 steps (its warm-up is 30).
+        args.steps, args.vae_steps, args.bn_batches, args.batch, args.vae_batch = 80, 150, 1, 8, 4
         args.bank = 320  # at least 64 samples per reference count
         args.copy_first = 20
         args.out = os.path.join(HERE, "runs", "smoke")
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
     digits = data.split(data.load_digits(args.cache), held_out=False)
+    protos = data.prototypes(digits)
     t0 = time.time()
     vae_losses = []
     if args.components:
         tok, te, vae = load_components(args.components)
         log(f"tokenizer, text encoder and VAE from {args.components}")
         if args.vae_continue:
-            vae, vae_losses = train_vae(args, rng, digits, vae)
+            vae, vae_losses = train_vae(args, rng, digits, protos, vae)
     else:
         tok = build_tokenizer(os.path.join(args.out, "tokenizer"), args.cache, args.vocab)
         te = build_text_encoder(len(tok), args.seed)
         log(f"tokenizer: {len(tok)} tokens; text encoder: "
             f"{sum(p.numel() for p in te.parameters()):,} parameters")
-        vae, vae_losses = train_vae(args, rng, digits)
+        vae, vae_losses = train_vae(args, rng, digits, protos)
     embeds_of = prompt_table(te, tok)
     bank_file = os.path.join(args.components or args.out, "bank.pt")
     if os.path.exists(bank_file) and args.components and not args.vae_continue:
         bank = torch.load(bank_file)
         log(f"training samples from {bank_file}")
     else:
-        bank = build_bank(args, rng, digits, vae)
+        bank = build_bank(args, rng, digits, protos, vae)
         save_shared(args.out, tok, te, vae)
         torch.save(bank, os.path.join(args.out, "bank.pt"))
     if args.prepare_only:
@@ -467,8 +485,8 @@ def main():
         return
     tr, losses = train_transformer(args, rng, bank, embeds_of)
     save(args.out, tok, te, vae, tr, args.rules)
-    first = np.mean([l for _, l in losses[:10]])
-    last = np.mean([l for _, l in losses[-10:]])
+    first = np.mean([l for _, l in losses[:10]])  # the edits' (the text's start later)
+    last = np.mean([l for t, l in losses[-20:] if t != "text"])
     json.dump({"args": vars(args), "seconds": time.time() - t0, "vae_losses": vae_losses,
                "losses": losses, "torch": torch.__version__},
               open(os.path.join(args.out, "train_log.json"), "w"))
