@@ -11,6 +11,10 @@
 
 namespace flowkv {
 
+// p(x) for coefficients highest power first, by Horner's rule (numpy.poly1d's evaluation): what
+// TeaCache applies to its coefficients and what a fit is checked with.
+double polyval(const std::vector<double>& highest_first, double x);
+
 // A least-squares polynomial y ~ p(x), as numpy.polyfit(x, y, degree) computes it.
 struct PolynomialFit {
   std::vector<double> coefficients;  // highest power first (numpy.polyfit's and poly1d's order)
@@ -18,7 +22,7 @@ struct PolynomialFit {
   double rms_residual = 0;  // sqrt(mean((y - p(x))^2)) over the samples
   double max_residual = 0;  // max |y - p(x)|
   double x_min = 0, x_max = 0;
-  double at(double x) const;  // p(x), by Horner's rule (numpy.poly1d's evaluation)
+  double at(double x) const { return polyval(coefficients, x); }
 };
 
 // Fits in double: x is mapped onto [-1, 1] (its midpoint and half-range), the Vandermonde

@@ -1,8 +1,9 @@
 """Ground-truth quality of the built-in model and its twin, with diffusers (the reference), on
 held-out digits: per task, PSNR and SSIM of each picture against its computed answer (text to
 image: the class's prototype); for text to image also whether the digit is the asked one
-(1-nearest-neighbour against the training digits) and whether the colours are. Also the denoising time of each with references (the KV model
-reuses its references' K/V after step 1; the twin recomputes them at every step).
+(1-nearest-neighbour against the training digits) and whether the colours are. Also the
+denoising time of each with references (the KV model reuses its references' K/V after step 1;
+the twin recomputes them at every step).
 
     python/train/.venv/bin/python python/train/evaluate.py --per-task 40 \\
         [--models assets/tiny-klein-kv assets/tiny-klein-twin] [--steps 8]

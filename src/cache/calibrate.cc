@@ -123,9 +123,9 @@ PolynomialFit fit_polynomial(const std::vector<double>& x, const std::vector<dou
   return fit;
 }
 
-double PolynomialFit::at(double x) const {
+double polyval(const std::vector<double>& highest_first, double x) {
   double y = 0;
-  for (double c : coefficients) y = y * x + c;
+  for (double c : highest_first) y = y * x + c;
   return y;
 }
 

@@ -20,6 +20,7 @@
 #include "cache/policies/stack_residual.h"
 #include "cache/policy.h"
 #include "cache/snapshot.h"
+#include "flowkv/calibrate.h"
 #include "flowkv/error.h"
 
 namespace flowkv::cache {
@@ -153,11 +154,7 @@ class TeaCache final : public Policy {
     stats_.calls_full++;
   }
   State& state() { return states_[ctx_.branch]; }
-  double rescale(double x) const {  // numpy poly1d: Horner from the highest power
-    double y = 0;
-    for (double c : coef_) y = y * x + c;
-    return y;
-  }
+  double rescale(double x) const { return polyval(coef_, x); }
 
   double threshold_;
   bool calibrate_;
