@@ -66,14 +66,23 @@ class DigitReader:
         self.x = np.concatenate(xs).astype(np.float32)
         self.y = np.asarray(ys)
 
+    @staticmethod
+    def misfit(img: np.ndarray, b: np.ndarray, colour: str) -> float:
+        """How badly the picture fits data.paint's model, background b blended with one colour
+        (each pixel's coverage the best in [0, 1]). The nearest colour to the ink's mean read
+        the ground truth wrong 3 times in 40: anti-aliased edges pull orange towards yellow."""
+        f = np.asarray(data.COLOURS[colour], np.float32) - b
+        x = img.astype(np.float32) - b
+        a = np.clip((x @ f) / (f @ f), 0, 1)
+        return float(((x - a[..., None] * f) ** 2).sum())
+
     def read(self, img: np.ndarray, bg: str):
         b = np.asarray(data.BACKGROUNDS[bg], np.float32)
         diff = np.linalg.norm(img.astype(np.float32) - b, axis=2)
         ink = diff > 0.5 * diff.max() if diff.max() > 40 else np.zeros_like(diff, bool)
         colour = None
         if ink.any():
-            mean = img[ink].astype(np.float32).mean(0)
-            colour = min(data.COLOURS, key=lambda c: np.linalg.norm(mean - data.COLOURS[c]))
+            colour = min(data.COLOURS, key=lambda c: self.misfit(img, b, c))
         o = (data.SIZE - data.DIGIT) // 2
         cov = np.clip(diff / max(diff.max(), 1), 0, 1)[o:o + data.DIGIT, o:o + data.DIGIT]
         small = np.asarray(Image.fromarray((cov * 255).astype(np.uint8)).resize((28, 28),
