@@ -18,7 +18,8 @@ Stages, each with fixed seeds (same command, same machine: same weights):
   4. transformer  a Flux2Transformer2DModel (1 double + 2 single blocks, width 128: 2 heads of
                 64, RoPE axes 16/16/16/16, theta 2000) trained by
                 flow matching to predict noise - x0 from (1 - s) x0 + s noise: every step
-                one batch of edits, and after --copy-first a batch of text to image too.
+                one batch of edits, and after --copy-first a batch of text to image and one
+                of background swaps too.
                 --rules kv (Klein 9B KV's rules): references attend only to references and are
                 modulated at t = 0 (diffusers' kv_cache_mode="extract", the same forward the
                 pipeline runs at step 0), so their K/V are the same at every step.
@@ -300,8 +301,8 @@ def build_bank(args, rng, digits, protos, vae):
 
 
 # Training samples by reference count. The edits' batches are drawn 0.45 : 0.25 (one reference:
-# recolour and background swap, alternating; two: compose); text to image (0) is a batch of its
-# own at every step after --copy-first.
+# recolour and background swap, alternating; two: compose); text to image (0) and the
+# background swap have a batch of their own at every step after --copy-first.
 GROUPS = [(0, 0.3), (1, 0.45), (2, 0.25)]
 
 
@@ -315,9 +316,10 @@ def train_transformer(args, rng, bank, embeds_of):
     opt = torch.optim.AdamW(tr.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.99))
     gen = torch.Generator().manual_seed(args.seed + 3)
 
-    def group_loss(nrefs, n):
+    def group_loss(nrefs, n, task=None):
         b = bank[nrefs]
-        idx = torch.from_numpy(rng.choice(len(b["prompts"]), size=n, replace=False))
+        pool = [i for i, p in enumerate(b["prompts"]) if task in (None, data.task_of(p, nrefs))]
+        idx = torch.from_numpy(rng.choice(pool, size=n, replace=False))
         x0 = b["targets"][idx]
         ref_lat = [r[idx] for r in b["refs"]]
         embeds = torch.stack([embeds_of[b["prompts"][i]] for i in idx.tolist()])
@@ -342,11 +344,15 @@ def train_transformer(args, rng, bank, embeds_of):
         # draw from text from the start keeps its edit loss level with text-to-image's (it
         # reads the references' colours, not their layout) far longer than one that can only
         # win by copying, which learns to align positions within a few hundred steps. Text
-        # batches are cheap (no references), so they ride along instead of taking turns.
+        # batches are cheap (no references), so they ride along instead of taking turns. The
+        # background swap (every pixel but the digit's changes) rides along too: as a larger
+        # share of the edit batches it stayed unlearned and the other edits lost quality.
         nrefs = int(rng.choice([g for g, _ in edit_groups], p=[w / total for _, w in edit_groups]))
         parts = [group_loss(nrefs, args.batch)]
         if step >= args.copy_first:
             parts.append(group_loss(0, args.batch))
+            if args.background_batch:
+                parts.append(group_loss(1, args.background_batch, "background"))
         loss = sum(l for l, _ in parts)
         opt.zero_grad()
         loss.backward()
@@ -430,6 +436,8 @@ def main():
     ap.add_argument("--copy-first", type=int, default=400,
                     help="train only the edits (tasks with references) for this many steps first")
     ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--background-batch", type=int, default=32,
+                    help="after --copy-first, a batch of background swaps at every step too")
     ap.add_argument("--bank", type=int, default=4096, help="training samples encoded once")
     ap.add_argument("--vae-steps", type=int, default=500)
     ap.add_argument("--vae-batch", type=int, default=8)
@@ -451,6 +459,7 @@ def main():
     if args.smoke:
         # The VAE's loss sits on a plateau for its first 50-100 steps (its warm-up is 30).
         args.steps, args.vae_steps, args.bn_batches, args.batch, args.vae_batch = 80, 150, 1, 8, 4
+        args.background_batch = 8
         args.bank = 320  # at least 64 samples per reference count
         args.copy_first = 20
         args.out = os.path.join(HERE, "runs", "smoke")

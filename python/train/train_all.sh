@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The built-in model from scratch, as committed (assets/tiny-klein-kv, assets/tiny-klein-twin):
-# 28 minutes on 2 cores (AVX-512) with nothing else running; close to an hour on an AVX2 machine.
+# 37 minutes on 2 cores (AVX-512 and AMX) with nothing else running; 45 minutes to over an hour
+# on an AVX2 machine (docs/builtin-model.md).
 # Each step is deterministic (fixed seeds).
 #   1. tokenizer, text encoder, VAE (500 steps on random 32x32 crops: a quarter of the cost)
 #   2. the VAE 2000 more steps on 32x32 crops of the digit (where the strokes are)
