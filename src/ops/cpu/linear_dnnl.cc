@@ -1,6 +1,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstring>
 #include <map>
@@ -61,9 +62,12 @@ dnnl::stream& thread_stream() {
   return s;
 }
 
-// Per-thread scratchpad (oneDNN primitives share nothing when each thread brings its own).
-void* thread_scratch(size_t bytes) {
-  thread_local std::vector<std::byte> buf;
+// Per-thread buffers that only grow (oneDNN primitives share nothing when each thread brings
+// its own), one per use so that a call may hold several at once.
+enum class ThreadBuffer { kActivations, kScratchpad, kStaging, kCount };
+void* thread_buffer(ThreadBuffer which, size_t bytes) {
+  thread_local std::array<std::vector<std::byte>, static_cast<size_t>(ThreadBuffer::kCount)> bufs;
+  std::vector<std::byte>& buf = bufs[static_cast<size_t>(which)];
   if (buf.size() < bytes) buf.resize(bytes);
   return buf.data();
 }
@@ -397,17 +401,17 @@ void Linear::forward(const ExecContext& ctx, Mat x, Mat y) const {
   int64_t lda = x.stride;
   const bool bf16_gemm = gemm_type(compute_) == DT::bf16;
   if (compute_ == DType::kBF16) {
-    thread_local std::vector<float> buf;
     const size_t need = static_cast<size_t>(m * k_) / (bf16_gemm ? 2 : 1) + 1;
-    if (buf.size() < need) buf.resize(need);
+    float* buf =
+        static_cast<float*>(thread_buffer(ThreadBuffer::kActivations, need * sizeof(float)));
     if (bf16_gemm) {
-      to_bf16(ctx, x, reinterpret_cast<uint16_t*>(buf.data()));
+      to_bf16(ctx, x, reinterpret_cast<uint16_t*>(buf));
     } else {
-      Mat r = make_mat(buf.data(), m, k_);
+      Mat r = make_mat(buf, m, k_);
       copy_rows(x, r);
       round_bf16(ctx, r);
     }
-    src = buf.data();
+    src = buf;
     lda = k_;
   }
   if (compact_) {
@@ -464,28 +468,27 @@ void Linear::forward_packed(const ExecContext& ctx, const void* src, int64_t lda
     memory a(p.src, eng,
              const_cast<std::byte*>(static_cast<const std::byte*>(src) + r0 * lda * elem));
     memory b(p.wei, eng, const_cast<std::byte*>(ch.data.data()));
-    float* out = y.data + r0 * y.stride + ch.n0;
     const int64_t rows = std::min(t.rows, m - r0);
-    thread_local std::vector<float> staging;
+    float* staging = nullptr;
     if (p.staged) {
-      staging.resize(static_cast<size_t>(rows * ch.n));
-      out = staging.data();
+      const size_t bytes = static_cast<size_t>(rows * ch.n) * sizeof(float);
+      staging = static_cast<float*>(thread_buffer(ThreadBuffer::kStaging, bytes));
     }
-    memory c(p.dst, eng, out);
+    memory c(p.dst, eng, staging ? staging : y.data + r0 * y.stride + ch.n0);
     std::unordered_map<int, memory> args = {
         {DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}};
     if (p.scratch > 0) {
       args[DNNL_ARG_SCRATCHPAD] =
           memory(memory::desc({static_cast<int64_t>(p.scratch)}, DT::u8, Tag::a), eng,
-                 thread_scratch(p.scratch));
+                 thread_buffer(ThreadBuffer::kScratchpad, p.scratch));
     }
     {
       OneThreadScope one;
       p.prim.execute(thread_stream(), args);
     }
-    if (p.staged) {
+    if (staging) {
       for (int64_t r = 0; r < rows; ++r) {
-        std::copy_n(staging.data() + r * ch.n, ch.n, y.data + (r0 + r) * y.stride + ch.n0);
+        std::copy_n(staging + r * ch.n, ch.n, y.data + (r0 + r) * y.stride + ch.n0);
       }
     }
   });
