@@ -79,9 +79,8 @@ class DigitReader:
     def read(self, img: np.ndarray, bg: str):
         b = np.asarray(data.BACKGROUNDS[bg], np.float32)
         diff = np.linalg.norm(img.astype(np.float32) - b, axis=2)
-        ink = diff > 0.5 * diff.max() if diff.max() > 40 else np.zeros_like(diff, bool)
         colour = None
-        if ink.any():
+        if diff.max() > 40:  # some ink
             colour = min(data.COLOURS, key=lambda c: self.misfit(img, b, c))
         o = (data.SIZE - data.DIGIT) // 2
         cov = np.clip(diff / max(diff.max(), 1), 0, 1)[o:o + data.DIGIT, o:o + data.DIGIT]

@@ -316,10 +316,16 @@ def train_transformer(args, rng, bank, embeds_of):
     opt = torch.optim.AdamW(tr.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.99))
     gen = torch.Generator().manual_seed(args.seed + 3)
 
+    # Each sample's index by (reference count, task), and (reference count, None) for all.
+    pools = {}
+    for nrefs, b in bank.items():
+        pools[nrefs, None] = list(range(len(b["prompts"])))
+        for i, p in enumerate(b["prompts"]):
+            pools.setdefault((nrefs, data.task_of(p, nrefs)), []).append(i)
+
     def group_loss(nrefs, n, task=None):
         b = bank[nrefs]
-        pool = [i for i, p in enumerate(b["prompts"]) if task in (None, data.task_of(p, nrefs))]
-        idx = torch.from_numpy(rng.choice(pool, size=n, replace=False))
+        idx = torch.from_numpy(rng.choice(pools[nrefs, task], size=n, replace=False))
         x0 = b["targets"][idx]
         ref_lat = [r[idx] for r in b["refs"]]
         embeds = torch.stack([embeds_of[b["prompts"][i]] for i in idx.tolist()])
