@@ -17,6 +17,13 @@
 
 namespace flowkv {
 
+// A conditioning image given in memory (a server's upload, a caller's decoded picture).
+struct InputImage {
+  std::string name;              // what messages call it ("image 1", a file name)
+  std::vector<uint8_t> encoded;  // PNG or JPEG bytes, decoded as load_image decodes a file
+  Image decoded;                 // used when `encoded` is empty
+};
+
 struct GenerateRequest {
   std::string prompt;
   // Classifier-free guidance, where the family runs it (Qwen-Image-2.1): a second branch on
@@ -29,13 +36,15 @@ struct GenerateRequest {
   // Conditioning images (PNG, JPEG), in order: FLUX.2 Klein's references, Qwen-Image-2.1's
   // condition images (which the prompt encoder sees too; their alpha is kept).
   std::vector<std::string> references;
+  // Conditioning images in memory, after those of `references`.
+  std::vector<InputImage> images;
   // Output size in pixels; 0: derived from the last image (Klein: its size; Qwen-Image-2.1:
   // its aspect ratio at `resolution`), else the pipeline's default.
   int64_t width = 0, height = 0;
   // Qwen-Image-2.1's output_resolution: condition images are resized to about resolution^2
   // pixels (multiples of 32) keeping their aspect ratio; 0: 1024, the pipeline's default.
   int64_t resolution = 0;
-  int steps = 0;  // 0: the family's default
+  int steps = 0;  // 0: the pipeline class's default (diffusers' __call__); < 0 is refused
   // FLUX.2 Klein's prompt rows (diffusers' max_sequence_length): the prompt is padded or cut to
   // this many tokens, all of which the transformer reads. 0: 512, or the tokenizer's
   // model_max_length (tokenizer_config.json) where that is smaller, as for a model trained on

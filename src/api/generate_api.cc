@@ -1,41 +1,23 @@
-// generate(): the pipeline folder's family runs it (families/family.h, Family::generate).
-#include "families/family.h"
+// generate(): a Pipeline opened for one request (flowkv/pipeline.h).
 #include "flowkv/error.h"
 #include "flowkv/generate.h"
+#include "flowkv/pipeline.h"
 #include "io/image.h"
-#include "io/pipeline_folder.h"
 
 namespace flowkv {
 
-namespace {
-
-// The pipeline folder and the family that generates with its class.
-std::pair<PipelineFolder, const families::Family*> pipeline_family(const std::string& dir) {
-  std::optional<PipelineFolder> p = find_pipeline_folder(dir);
-  FLOWKV_CHECK(p, dir,
-               ": not a diffusers pipeline folder (no model_index.json); generate needs the whole "
-               "pipeline: the transformer, text encoder, tokenizer or processor, and VAE");
-  std::string known;
-  for (const families::Family& f : families::registry()) {
-    if (!f.generate) continue;
-    if (f.runs_pipeline(p->class_name)) return {std::move(*p), &f};
-    known += (known.empty() ? "" : ", ") + f.info.title;
-  }
-  fail(p->path, "/model_index.json: flowkv does not generate with a ", p->class_name,
-       " pipeline; it generates with ", known);
-}
-
-}  // namespace
-
+// A one-off request: the folder opened staged (each stage loads its component and releases
+// it), as the CLI runs on small machines.
 GenerateResult generate(const std::string& pipeline_dir, const GenerateRequest& request,
                         const GenerateProgress& progress, const GenerateControl& control) {
-  const auto [p, family] = pipeline_family(pipeline_dir);
-  return family->generate(p, request, progress, control);
+  const Pipeline p =
+      Pipeline::open(pipeline_dir, {.memory = MemoryPolicy::kStaged, .dtype = request.dtype});
+  return p.generate(request, progress, control);
 }
 
 GenerateLayout generate_layout(const std::string& pipeline_dir, const GenerateRequest& request) {
-  const auto [p, family] = pipeline_family(pipeline_dir);
-  return family->generate_layout(p, request);
+  return Pipeline::open(pipeline_dir, {.memory = MemoryPolicy::kStaged, .dtype = request.dtype})
+      .layout(request);
 }
 
 Image to_image(const GenerateResult& r) {

@@ -42,10 +42,7 @@ void export_zero_weights(const std::string& name, const std::string& dtype,
 }
 
 Model Model::load(const std::string& path, const std::string& dtype) {
-  const families::Family& f = families::resolve(path);
-  auto impl = std::make_shared<Impl>(Impl{&f, f.load(path, dtype)});
-  impl->identity = pipeline::component_identity(path, impl->model->compute_dtype());
-  return Model(std::move(impl));
+  return Model(std::make_shared<Impl>(families::load_transformer(path, dtype)));
 }
 
 Model Model::builtin(const std::string& name, uint64_t seed, const std::string& dtype) {

@@ -19,14 +19,17 @@
 #include "flowkv/generate.h"
 #include "flowkv/inspect.h"
 #include "flowkv/model.h"
+#include "flowkv/pipeline.h"
 #include "io/checkpoint.h"
 #include "io/json.h"
 #include "io/pipeline_folder.h"
+#include "sched/flow_match.h"
 #include "segments/layout.h"
 
 namespace flowkv::pipeline {
 class DenoiseAdapter;
-}
+class GenerateSpec;
+}  // namespace flowkv::pipeline
 namespace flowkv::flux2 {
 class Model;
 }
@@ -100,17 +103,16 @@ struct Family {
   // What its models publish for step caches (cache::Topology::tables).
   Tables tables;
   // Optional: whether this family generates with a diffusers pipeline class (model_index.json
-  // _class_name), and the whole pipeline run from a prompt and pictures to a picture.
+  // _class_name), and its spec of the stages from a prompt and pictures to a picture
+  // (pipeline/generate.h), made when a Pipeline opens the folder: components resolved and
+  // checked to fit together, tokenizer and processor read, no weights loaded.
   std::function<bool(const std::string& pipeline_class)> runs_pipeline;
+  std::function<std::shared_ptr<const pipeline::GenerateSpec>(const PipelineFolder& pipeline,
+                                                              const PipelineOptions& options)>
+      open_pipeline;
   // Optional: checks a pipeline folder's components fit together before anything loads (a
-  // flowkv::Error naming the mismatch); inspect reports it, generate refuses with it.
+  // flowkv::Error naming the mismatch); inspect reports it, open_pipeline refuses with it.
   std::function<void(const PipelineFolder& pipeline)> check_pipeline;
-  std::function<GenerateResult(const PipelineFolder& pipeline, const GenerateRequest& request,
-                               const GenerateProgress& progress, const GenerateControl& control)>
-      generate;
-  // With generate: the request's token layout, from the tokenizer and the images' sizes only.
-  std::function<GenerateLayout(const PipelineFolder& pipeline, const GenerateRequest& request)>
-      generate_layout;
 };
 
 // Every family, in registration order (families.cc holds the one list).
@@ -130,15 +132,13 @@ std::optional<Json> config_of(const std::string& path);
 // FLUX.2 Klein's whole pipeline (families/flux2_generate.cc).
 bool klein_runs_pipeline(const std::string& pipeline_class);
 void klein_check_pipeline(const PipelineFolder& p);
-GenerateResult flux2_generate(const PipelineFolder& p, const GenerateRequest& req,
-                              const GenerateProgress& progress, const GenerateControl& control);
-GenerateLayout klein_generate_layout(const PipelineFolder& p, const GenerateRequest& req);
+std::shared_ptr<const pipeline::GenerateSpec> klein_open_pipeline(const PipelineFolder& p,
+                                                                  const PipelineOptions& o);
 // Qwen-Image-2.1's whole pipeline (families/qwen21_generate.cc).
 bool qwen21_runs_pipeline(const std::string& pipeline_class);
 void qwen21_check_pipeline(const PipelineFolder& p);
-GenerateResult qwen21_generate(const PipelineFolder& p, const GenerateRequest& req,
-                               const GenerateProgress& progress, const GenerateControl& control);
-GenerateLayout qwen21_generate_layout(const PipelineFolder& p, const GenerateRequest& req);
+std::shared_ptr<const pipeline::GenerateSpec> qwen21_open_pipeline(const PipelineFolder& p,
+                                                                   const PipelineOptions& o);
 // A released-shape Qwen-Image-2.1 pipeline of zero weights: the transformer, Qwen3-VL-8B, the
 // released VAE, the processor's preprocessor_config.json (copy a tokenizer.json in), scheduler.
 void qwen21_write_zero_pipeline(const qwen::Config21& transformer, DType dtype,
@@ -182,3 +182,26 @@ struct Model::Impl {
   std::string identity;
 };
 }  // namespace flowkv
+
+namespace flowkv::families {
+
+// A loaded transformer as the pipeline's denoise stage holds it: its family, the model, and
+// the identity the reference store's keys start with.
+using LoadedTransformer = Model::Impl;
+
+// A checkpoint of any family (Model::load), and a FLUX.2 one under the reference rule its
+// pipeline class names (Klein KV's rules, else references joined to the target's stream).
+LoadedTransformer load_transformer(const std::string& path, const std::string& dtype);
+LoadedTransformer load_flux2_transformer(const std::string& path, const std::string& dtype,
+                                         bool klein_kv_rules);
+
+// The one denoising loop over a loaded transformer (denoise() and the generate specs): steps
+// resolved from the sigmas or the family's default, the scheduler config when the pipeline
+// folder has one (else the family's).
+DenoiseResult run_family_denoise(const LoadedTransformer& t, const DenoiseInputs& in,
+                                 const DenoiseOptions& opts,
+                                 const std::optional<sched::FlowMatchConfig>& scheduler,
+                                 Workspace* ws = nullptr);
+DenoiseOptions resolve_steps(const LoadedTransformer& t, DenoiseOptions o);
+
+}  // namespace flowkv::families

@@ -18,6 +18,7 @@
 #include "models/qwen3/config.h"
 #include "models/qwen3/weights.h"
 #include "pipeline/denoise.h"
+#include "pipeline/identity.h"
 #include "pipeline/request_limits.h"
 
 namespace flowkv {
@@ -317,6 +318,16 @@ Flux2References references_of(const std::string& path) {
 
 }  // namespace
 
+LoadedTransformer load_flux2_transformer(const std::string& path, const std::string& dtype,
+                                         bool klein_kv_rules) {
+  LoadedTransformer t{&by_name(kName),
+                      wrap(Flux2Transformer::load(path, {dtype}),
+                           klein_kv_rules ? Flux2References::kKleinKV : Flux2References::kJoint),
+                      ""};
+  t.identity = pipeline::component_identity(path, t.model->compute_dtype());
+  return t;
+}
+
 cache::Topology flux2_topology(const flux2::Model& m) {
   cache::Topology t = m.topology();
   t.tables = flux1_tables();
@@ -366,8 +377,7 @@ Family flux2_family() {
   f.tables = flux1_tables();
   f.runs_pipeline = klein_runs_pipeline;
   f.check_pipeline = klein_check_pipeline;
-  f.generate = flux2_generate;
-  f.generate_layout = klein_generate_layout;
+  f.open_pipeline = klein_open_pipeline;
   return f;
 }
 

@@ -5,14 +5,12 @@
 //   denoise     torch-seeded noise, the one denoising loop (the reference rule the pipeline
 //               class names; Klein KV's exact cache)
 //   decode      unpack, de-normalise, unpatchify, VAE decode, to 8-bit pixels
-// Each stage loads its component and releases it before the next one starts, so peak memory is
-// the largest stage plus the request's caches.
+// This file is the family's spec of those stages; pipeline/generate.h runs them (and keeps the
+// components resident or loads them per stage, as the opened Pipeline's policy says).
 #include <algorithm>
-#include <chrono>
-#include <cstdio>
 #include <filesystem>
 #include <limits>
-#include <optional>
+#include <memory>
 
 #include "core/arena.h"
 #include "core/random.h"
@@ -25,11 +23,8 @@
 #include "models/flux2/config.h"
 #include "models/flux2_vae/model.h"
 #include "models/qwen3/model.h"
-#include "pipeline/denoise_stage.h"
-#include "pipeline/identity.h"
+#include "pipeline/generate.h"
 #include "pipeline/reference_image.h"
-#include "pipeline/request_store.h"
-#include "pipeline/stages.h"
 #include "text/tokenizer.h"
 
 namespace flowkv::families {
@@ -104,103 +99,7 @@ int64_t text_tokens(const Components& c, const GenerateRequest& req) {
   return req.max_sequence_length > 0 ? req.max_sequence_length : c.text_tokens;
 }
 
-std::string size_str(int64_t w, int64_t h) {
-  return std::to_string(w) + "x" + std::to_string(h);
-}
-
-// The prompt stage: [1, 512, 3 * hidden] embeddings (from the reference store when it holds
-// these token ids' embeddings by this text encoder).
-Tensor encode_prompt(const Components& c, const GenerateRequest& req, pipeline::Stage& stage,
-                     pipeline::RequestStore& rs, bool* truncated) {
-  const text::Tokenizer tok = text::Tokenizer::from_json_file(c.tokenizer + "/tokenizer.json");
-  const int64_t rows = text_tokens(c, req);
-  const text::PromptTokens t = text::klein_prompt_tokens(tok, req.prompt, rows);
-  *truncated = t.truncated;
-  stage.advance(1, "tokenized");
-  // An explicit f32 or bf16 request computes the text encoder that way too (auto follows its
-  // weights: bf16 weights compute in bf16, as transformers runs them).
-  const std::string lo_dtype = req.dtype == "f32" || req.dtype == "bf16" ? req.dtype : "auto";
-  auto compute = [&]() -> std::vector<Tensor> {
-    qwen3::LoadOptions lo;
-    lo.last_hidden_state = qwen3::kKleinLayers[2];
-    if (lo_dtype != "auto") {
-      lo.auto_dtype = false;
-      lo.compute = lo_dtype == "f32" ? DType::kF32 : DType::kBF16;
-    }
-    const qwen3::Encoder enc = qwen3::Encoder::load(c.text_encoder, lo);
-    stage.advance(2, "text encoder loaded");
-    Arena arena;
-    const ExecContext ctx{&arena};
-    return {qwen3::klein_prompt_embeds(ctx, enc, {.ids = t.ids, .mask = t.mask, .batch = 1})};
-  };
-  bool hit = false;
-  Tensor embeds;
-  if (rs.active()) {
-    store::KeyBuilder key("prompt");
-    pipeline::add_files_identity(key, "text encoder", c.text_encoder);
-    key.text("rule", "flux2 klein hidden states 9 18 27");
-    key.text("compute", lo_dtype);
-    key.bytes("ids", t.ids.data(), t.ids.size() * sizeof(t.ids[0]));
-    key.bytes("mask", t.mask.data(), t.mask.size() * sizeof(t.mask[0]));
-    embeds = rs.get(key.finish(), compute, &hit).at(0);
-  } else {
-    embeds = compute().at(0);
-  }
-  int64_t n = 0;
-  for (int32_t m : t.mask) n += m;
-  stage.detail = std::to_string(n) + " of " + std::to_string(rows) + " tokens" +
-                 (t.truncated ? " (truncated from " + std::to_string(t.untruncated_length) +
-                                    ": the end of the prompt is lost, as diffusers cuts it)"
-                              : "") +
-                 (hit ? ", from the reference store" : "");
-  stage.advance(3, hit ? "from the reference store" : "encoded");
-  return embeds;
-}
-
-// The references stage: each image preprocessed as the pipeline does, VAE-encoded, packed.
-// Each reference's latents come from the reference store when it holds this VAE's encoding of
-// the same preprocessed pixels; the VAE is loaded only when one is missing.
-std::vector<ReferenceLatents> encode_references(const Components& c, const GenerateRequest& req,
-                                                pipeline::Stage& stage, pipeline::RequestStore& rs,
-                                                int64_t* last_w, int64_t* last_h) {
-  std::vector<Image> images;
-  for (const std::string& path : req.references) {
-    images.push_back(flux2_reference_image(load_image(path), path));
-  }
-  std::optional<flux2_vae::Vae> vae;
-  const ExecContext ctx{};
-  std::vector<ReferenceLatents> out;
-  for (size_t i = 0; i < images.size(); ++i) {
-    bool hit = false;
-    const Tensor z = rs.image_latents(  // [1, 4L, h, w]
-        c.vae, "flux2 reference: crop to 16, VAE mode", images[i],
-        [&] {
-          if (!vae) vae.emplace(flux2_vae::Vae::load(c.vae));
-          return vae->encode(ctx, image_to_tensor(images[i]));
-        },
-        &hit);
-    const int64_t h = z.dim(2), w = z.dim(3);
-    out.push_back({flux2_vae::pack(z), h, w});
-    stage.detail += (stage.detail.empty() ? "" : ", ") +
-                    size_str(images[i].width, images[i].height) + " (" + std::to_string(h * w) +
-                    " tokens" + (hit ? ", from the reference store" : "") + ")";
-    stage.advance(static_cast<int64_t>(i + 1), req.references[i]);
-    *last_w = images[i].width, *last_h = images[i].height;
-  }
-  return out;
-}
-
-// The generation parameters, as A1111-style tools write them into a PNG.
-std::string parameters_text(const GenerateRequest& req, const PipelineFolder& p, int64_t w,
-                            int64_t h, int steps) {
-  std::string s = req.prompt + "\nSteps: " + std::to_string(steps) +
-                  ", Sampler: Euler (flow matching), Seed: " + std::to_string(req.seed) +
-                  ", Size: " + size_str(w, h) + ", Model: " + fs::path(p.path).filename().string() +
-                  " (" + p.class_name + "), References: " + std::to_string(req.references.size()) +
-                  ", KV cache: " + (req.kv_cache ? "on" : "off");
-  for (const std::string& sc : req.step_caches) s += ", Step cache: " + sc;
-  return s + ", Generator: flowkv";
-}
+using pipeline::size_str;
 
 // The target's latent grid: the asked size, else the last reference's, else the default; floored
 // to the latent grid.
@@ -213,10 +112,27 @@ std::pair<int64_t, int64_t> target_grid(const Components& c, const GenerateReque
   const int64_t want_h = req.height ? req.height
                          : ref_h    ? ref_h
                                     : kDefaultSampleSize * c.vae_cfg.scale_factor();
+  FLOWKV_CHECK(want_w > 0 && want_h > 0, "the image size ", size_str(want_w, want_h),
+               " is not a size");
   const int64_t gw = want_w / m, gh = want_h / m;
   FLOWKV_CHECK(gw >= 1 && gh >= 1, "the image size ", size_str(want_w, want_h),
                " is smaller than one latent token (", m, " pixels)");
   return {gw, gh};
+}
+
+// diffusers' __call__ defaults per pipeline class (num_inference_steps).
+int class_default_steps(const std::string& pipeline_class) {
+  return pipeline_class == "Flux2KleinKVPipeline" ? 4 : 50;
+}
+
+void check_request(const PipelineFolder& p, const GenerateRequest& req) {
+  FLOWKV_CHECK(!req.has_negative_prompt && req.cfg_scale <= 1.0f, p.path,
+               ": FLUX.2 Klein runs without classifier-free guidance (the distilled pipelines "
+               "have none): drop the negative prompt and the CFG scale");
+  FLOWKV_CHECK(req.resolution == 0, p.path,
+               ": the resolution option is Qwen-Image-2.1's; give FLUX.2 Klein the output size");
+  FLOWKV_CHECK(req.max_sequence_length >= 0, "max_sequence_length: ", req.max_sequence_length,
+               " is not a token count");
 }
 
 // Packed latents [1, h*w, C] to 8-bit pixels. Untiled, as diffusers decodes by default;
@@ -227,109 +143,150 @@ Image decode_latents(const flux2_vae::Vae& vae, const Tensor& latents, int64_t g
   return tensor_to_image(vae.decode(ExecContext{}, flux2_vae::unpack(latents, gh, gw), d));
 }
 
-void check_request(const PipelineFolder& p, const GenerateRequest& req) {
-  FLOWKV_CHECK(!req.has_negative_prompt && req.cfg_scale <= 1.0f, p.path,
-               ": FLUX.2 Klein runs without classifier-free guidance (the distilled pipelines "
-               "have none): drop the negative prompt and the CFG scale");
-  FLOWKV_CHECK(req.resolution == 0, p.path,
-               ": the resolution option is Qwen-Image-2.1's; give FLUX.2 Klein the output size");
-}
+// FLUX.2 Klein's stages for the one orchestration (pipeline/generate.h).
+class KleinSpec final : public pipeline::GenerateSpec {
+ public:
+  KleinSpec(const PipelineFolder& p, const PipelineOptions& o)
+      : p_(p),
+        c_(check_components(p)),
+        dtype_(o.dtype),
+        tokenizer_(text::Tokenizer::from_json_file(c_.tokenizer + "/tokenizer.json")) {}
 
-GenerateResult generate_klein(const PipelineFolder& p, const GenerateRequest& req,
-                              const GenerateProgress& progress, const GenerateControl& control) {
-  check_request(p, req);
-  const Components c = check_components(p);
-  GenerateResult res;
-  pipeline::StageRunner stages(progress, control, res.stages);
-  pipeline::RequestStore rs(control.store);
-  const Tensor embeds = stages.run("prompt", 3, [&](pipeline::Stage& s) {
-    return encode_prompt(c, req, s, rs, &res.prompt_truncated);
-  });
-  int64_t ref_w = 0, ref_h = 0;
-  std::vector<ReferenceLatents> refs;
-  if (!req.references.empty()) {
-    refs = stages.run(
-        "references", static_cast<int64_t>(req.references.size()),
-        [&](pipeline::Stage& s) { return encode_references(c, req, s, rs, &ref_w, &ref_h); });
+  std::string images_stage() const override { return "references"; }
+  std::string cached_name() const override { return "references"; }
+  std::string kv_name() const override { return "references' K/V"; }
+  PixelFormat pixel_format() const override { return PixelFormat::kRGB; }
+  int default_steps() const override { return class_default_steps(p_.class_name); }
+
+  void plan(pipeline::Plan& p, std::vector<Image> decoded) const override {
+    const GenerateRequest& req = p.request;
+    check_request(p_, req);
+    int64_t ref_w = 0, ref_h = 0;
+    GenerateLayout& l = p.layout;
+    l.text_tokens = text_tokens(c_, req);  // the prompt is padded to these rows, all read
+    const int64_t m = c_.vae_cfg.pixel_multiple();
+    for (size_t i = 0; i < decoded.size(); ++i) {
+      Image img = flux2_reference_image(decoded[i], p.names[i]);
+      ref_w = img.width, ref_h = img.height;
+      l.image_sizes.emplace_back(img.width, img.height);
+      l.image_tokens.push_back((img.width / m) * (img.height / m));
+      p.images.push_back(std::move(img));
+    }
+    const auto [gw, gh] = target_grid(c_, req, ref_w, ref_h);
+    p.grid_w = gw, p.grid_h = gh;
+    l.width = gw * m, l.height = gh * m;
+    l.target_tokens = gw * gh;
+    l.transformer = c_.transformer;
   }
-  const std::pair<int64_t, int64_t> grid = target_grid(c, req, ref_w, ref_h);
-  const int64_t gw = grid.first, gh = grid.second, m = c.vae_cfg.pixel_multiple();
-  res.width = gw * m, res.height = gh * m;
 
-  const int steps = req.steps > 0 ? req.steps : by_name("flux2").info.default_steps;
-  int steps_run = 0;
-  const Tensor latents = stages.run("denoise", steps, [&](pipeline::Stage& s) {
-    const Model model = Model::load(c.transformer, req.dtype);
-    TorchGenerator g(req.seed);
-    const DType noise_dtype = model.compute_dtype() == "BF16" ? DType::kBF16 : DType::kF32;
-    DenoiseInputs in;
-    in.prompt.embeds = embeds;
-    in.noise = flux2_vae::pack(
-        randn_tensor(g, {1, c.transformer_cfg.in_channels, gh, gw}, noise_dtype).to_f32());
-    in.height = gh, in.width = gw;
-    in.references = refs;
-    DenoiseOptions o;
-    o.steps = steps;
-    o.mode = req.kv_cache ? KVMode::kCached : KVMode::kRecompute;
-    o.step_caches = req.step_caches;
-    o.store = control.store;
-    // Klein KV's references are computed at step 1 and read from the cache after it (or from
-    // the reference store at every step).
-    const bool refs_cached =
-        req.kv_cache && !refs.empty() && p.class_name == "Flux2KleinKVPipeline";
-    pipeline::DenoiseStage ds(s, control, refs.empty() ? "" : "references", refs_cached);
-    std::optional<flux2_vae::Vae> preview_vae;
-    ds.attach(o, [&](const Tensor& x0) {
-      if (!preview_vae) preview_vae.emplace(flux2_vae::Vae::load(c.vae));
-      return decode_latents(*preview_vae, x0, gh, gw, false);
+  std::string text_encoder_path() const override { return c_.text_encoder; }
+  std::string vae_path() const override { return c_.vae; }
+
+  pipeline::PromptJob prompt(pipeline::Components& comps, const pipeline::Plan& p,
+                             const std::string& text) const override {
+    const int64_t rows = text_tokens(c_, p.request);
+    auto t =
+        std::make_shared<text::PromptTokens>(text::klein_prompt_tokens(tokenizer_, text, rows));
+    // An explicit f32 or bf16 request computes the text encoder that way too (auto follows its
+    // weights: bf16 weights compute in bf16, as transformers runs them).
+    const std::string lo_dtype = encoder_dtype();
+    pipeline::PromptJob job;
+    job.truncated = t->truncated;
+    int64_t n = 0;
+    for (int32_t v : t->mask) n += v;
+    job.note = std::to_string(n) + " of " + std::to_string(rows) + " tokens" +
+               (t->truncated ? " (truncated from " + std::to_string(t->untruncated_length) +
+                                   ": the end of the prompt is lost, as diffusers cuts it)"
+                             : "");
+    job.describe = [t, lo_dtype](store::KeyBuilder& key) {
+      key.text("rule", "flux2 klein hidden states 9 18 27");
+      key.text("compute", lo_dtype);
+      key.bytes("ids", t->ids.data(), t->ids.size() * sizeof(t->ids[0]));
+      key.bytes("mask", t->mask.data(), t->mask.size() * sizeof(t->mask[0]));
+    };
+    job.encode = [this, &comps, t](std::string*) {
+      const auto enc = text_encoder(comps);
+      Arena arena;
+      const ExecContext ctx{&arena};
+      return PromptEmbeds{.embeds = qwen3::klein_prompt_embeds(
+                              ctx, *enc, {.ids = t->ids, .mask = t->mask, .batch = 1}),
+                          .slots = {},
+                          .mask = {}};
+    };
+    return job;
+  }
+
+  std::string image_rule() const override { return "flux2 reference: crop to 16, VAE mode"; }
+  Tensor encode_image(pipeline::Components& comps, const Image& image) const override {
+    return vae(comps)->encode(ExecContext{}, image_to_tensor(image));  // [1, 4L, h, w]
+  }
+  ReferenceLatents pack_image(const Tensor& z) const override {
+    return {flux2_vae::pack(z), z.dim(2), z.dim(3)};
+  }
+
+  // Klein KV's references are computed at step 1 and read from the cache after it (or from
+  // the reference store at every step).
+  bool exact_cache(const pipeline::Plan& p) const override {
+    return p.request.kv_cache && !p.images.empty() && p_.class_name == "Flux2KleinKVPipeline";
+  }
+
+  Tensor noise(pipeline::Components& comps, const pipeline::Plan& p) const override {
+    const LoadedTransformer& t = *transformer(comps);
+    TorchGenerator g(p.request.seed);
+    const DType noise_dtype = t.model->compute_dtype() == "BF16" ? DType::kBF16 : DType::kF32;
+    return flux2_vae::pack(
+        randn_tensor(g, {1, c_.transformer_cfg.in_channels, p.grid_h, p.grid_w}, noise_dtype)
+            .to_f32());
+  }
+  DenoiseResult denoise(pipeline::Components& comps, const DenoiseInputs& in,
+                        const DenoiseOptions& o) const override {
+    return run_family_denoise(*transformer(comps), in, o, std::nullopt);
+  }
+  Image decode(pipeline::Components& comps, const pipeline::Plan& p, const Tensor& latents,
+               bool tiled) const override {
+    return decode_latents(*vae(comps), latents, p.grid_h, p.grid_w, tiled);
+  }
+  std::string parameters_after_model(const pipeline::Plan& p) const override {
+    return ", References: " + std::to_string(p.images.size());
+  }
+
+ private:
+  std::string encoder_dtype() const {
+    return dtype_ == "f32" || dtype_ == "bf16" ? dtype_ : "auto";
+  }
+  std::shared_ptr<const qwen3::Encoder> text_encoder(pipeline::Components& comps) const {
+    return comps.get<qwen3::Encoder>("text_encoder", [&] {
+      qwen3::LoadOptions lo;
+      lo.last_hidden_state = qwen3::kKleinLayers[2];
+      const std::string d = encoder_dtype();
+      if (d != "auto") {
+        lo.auto_dtype = false;
+        lo.compute = d == "f32" ? DType::kF32 : DType::kBF16;
+      }
+      return qwen3::Encoder::load(c_.text_encoder, lo);
     });
-    const DenoiseResult r = denoise(model, in, o);
-    rs.add(r);
-    res.step_caches = r.step_caches;
-    steps_run = static_cast<int>(r.step_seconds.size());
-    s.detail = std::to_string(r.step_seconds.size()) + " steps, " +
-               (r.store_hits > 0 ? "references' K/V from the reference store at every step (" +
-                                       std::to_string(r.kv_bytes) + " bytes)"
-                : r.kv_bytes > 0 ? "references' K/V computed at step 1 and reused after it (" +
-                                       std::to_string(r.kv_bytes) + " bytes)"
-                : refs.empty() ? "no references"
-                               : "references recomputed every step");
-    return r.latents;
-  });
-  res.parameters = parameters_text(req, p, res.width, res.height, steps_run);
-  const Image image = stages.run("decode", 1, [&](pipeline::Stage& s) {
-    const flux2_vae::Vae vae = flux2_vae::Vae::load(c.vae);
-    Image im = decode_latents(vae, latents, gh, gw, req.vae_tiling);
-    s.advance(1, "decoded");
-    s.detail = size_str(res.width, res.height);
-    return im;
-  });
-  res.channels = image.channels;
-  res.pixels = image.pixels;
-  rs.report(res);
-  return res;
-}
+  }
+  std::shared_ptr<const flux2_vae::Vae> vae(pipeline::Components& comps) const {
+    return comps.get<flux2_vae::Vae>("vae", [&] { return flux2_vae::Vae::load(c_.vae); });
+  }
+  std::shared_ptr<const LoadedTransformer> transformer(pipeline::Components& comps) const {
+    return comps.get<LoadedTransformer>("transformer", [&] {
+      return load_flux2_transformer(c_.transformer, dtype_,
+                                    p_.class_name == "Flux2KleinKVPipeline");
+    });
+  }
+
+  const PipelineFolder p_;
+  const Components c_;
+  const std::string dtype_;
+  const text::Tokenizer tokenizer_;
+};
 
 }  // namespace
 
-GenerateLayout klein_generate_layout(const PipelineFolder& p, const GenerateRequest& req) {
-  check_request(p, req);
-  const Components c = check_components(p);
-  GenerateLayout l;
-  l.text_tokens = text_tokens(c, req);  // the prompt is padded to these rows, all of them read
-  const int64_t m = c.vae_cfg.pixel_multiple();
-  int64_t ref_w = 0, ref_h = 0;
-  for (const std::string& path : req.references) {
-    const Image img = flux2_reference_image(load_image(path), path);
-    ref_w = img.width, ref_h = img.height;
-    l.image_sizes.emplace_back(img.width, img.height);
-    l.image_tokens.push_back((img.width / m) * (img.height / m));
-  }
-  const auto [gw, gh] = target_grid(c, req, ref_w, ref_h);
-  l.width = gw * m, l.height = gh * m;
-  l.target_tokens = gw * gh;
-  l.transformer = c.transformer;
-  return l;
+std::shared_ptr<const pipeline::GenerateSpec> klein_open_pipeline(const PipelineFolder& p,
+                                                                  const PipelineOptions& o) {
+  return std::make_shared<const KleinSpec>(p, o);
 }
 
 void klein_check_pipeline(const PipelineFolder& p) {
@@ -338,11 +295,6 @@ void klein_check_pipeline(const PipelineFolder& p) {
 
 bool klein_runs_pipeline(const std::string& pipeline_class) {
   return pipeline_class == "Flux2KleinKVPipeline" || pipeline_class == "Flux2KleinPipeline";
-}
-
-GenerateResult flux2_generate(const PipelineFolder& p, const GenerateRequest& req,
-                              const GenerateProgress& progress, const GenerateControl& control) {
-  return generate_klein(p, req, progress, control);
 }
 
 }  // namespace flowkv::families

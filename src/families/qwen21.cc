@@ -288,8 +288,7 @@ Family qwen21_family() {
   f.tables = flux1_tables();
   f.runs_pipeline = qwen21_runs_pipeline;
   f.check_pipeline = qwen21_check_pipeline;
-  f.generate = qwen21_generate;
-  f.generate_layout = qwen21_generate_layout;
+  f.open_pipeline = qwen21_open_pipeline;
   return f;
 }
 

@@ -8,11 +8,10 @@
 //   denoise     torch-seeded noise, the one denoising loop with the exact prefix cache (one per
 //               CFG branch) under causal_condition
 //   decode      de-normalise, VAE decode, RGBA pixels
-// Each stage loads its component and releases it before the next one starts.
-#include <chrono>
+// This file is the family's spec of those stages; pipeline/generate.h runs them.
 #include <cstdio>
 #include <filesystem>
-#include <optional>
+#include <memory>
 
 #include "core/arena.h"
 #include "core/random.h"
@@ -37,10 +36,8 @@
 #include "models/qwen_image21_vae/model.h"
 #include "models/qwen_image21_vae/weights.h"
 #include "pipeline/condition_image.h"
-#include "pipeline/denoise_stage.h"
+#include "pipeline/generate.h"
 #include "pipeline/identity.h"
-#include "pipeline/request_store.h"
-#include "pipeline/stages.h"
 
 namespace flowkv::families {
 
@@ -112,20 +109,7 @@ Components check_components(const PipelineFolder& p) {
   return c;
 }
 
-std::string size_str(int64_t w, int64_t h) {
-  return std::to_string(w) + "x" + std::to_string(h);
-}
-
-// What encode_prompt returns for one branch, as the transformer reads it.
-PromptEmbeds encode_branch(const qwen3_vl::PromptEncoder& enc, const std::string& text,
-                           const std::vector<Image>& images, std::string* note) {
-  Arena arena;
-  const ExecContext ctx{&arena};
-  const qwen3_vl::PromptEncoding e = enc.encode(ctx, text, images);
-  *note = std::to_string(e.embeds.dim(1)) + " tokens (" + std::to_string(e.text_tokens) +
-          " text, " + std::to_string(e.embeds.dim(1) - e.text_tokens) + " image slots)";
-  return PromptEmbeds{.embeds = e.embeds, .slots = e.slots, .mask = {}};
-}
+using pipeline::size_str;
 
 // Packed latents [1, h*w, C] to an RGBA picture.
 Image decode_latents(const qwen21_vae::Vae& vae, const Tensor& latents, int64_t gh, int64_t gw,
@@ -135,36 +119,6 @@ Image decode_latents(const qwen21_vae::Vae& vae, const Tensor& latents, int64_t 
       .at(0);
 }
 
-// A prompt's image-slot mask as a tensor the reference store keeps (F32 0/1), and back.
-Tensor slots_tensor(const std::vector<uint8_t>& slots) {
-  Tensor t = Tensor::empty({static_cast<int64_t>(slots.size())});
-  for (size_t i = 0; i < slots.size(); ++i) t.f32()[i] = slots[i] ? 1.0f : 0.0f;
-  return t;
-}
-std::vector<uint8_t> slots_of(const Tensor& t) {
-  FLOWKV_CHECK(t.dtype() == DType::kF32 && t.ndim() == 1, "reference store: bad slot mask");
-  std::vector<uint8_t> s(static_cast<size_t>(t.numel()));
-  for (size_t i = 0; i < s.size(); ++i) s[i] = t.f32()[i] != 0.0f;
-  return s;
-}
-
-// The generation parameters, as A1111-style tools write them into a PNG.
-std::string parameters_text(const GenerateRequest& req, const PipelineFolder& p, int64_t w,
-                            int64_t h, int steps, bool cfg, int64_t resolution) {
-  std::string s = req.prompt;
-  if (cfg) s += "\nNegative prompt: " + req.negative_prompt;
-  char scale[32];
-  std::snprintf(scale, sizeof scale, "%g", static_cast<double>(req.cfg_scale));
-  s += "\nSteps: " + std::to_string(steps) + ", Sampler: Euler (flow matching), CFG scale: " +
-       (cfg ? std::string(scale) : std::string("off")) + ", Seed: " + std::to_string(req.seed) +
-       ", Size: " + size_str(w, h) + ", Model: " + fs::path(p.path).filename().string() + " (" +
-       p.class_name + "), Condition images: " + std::to_string(req.references.size()) +
-       (req.references.empty() ? "" : ", Resolution: " + std::to_string(resolution)) +
-       ", KV cache: " + (req.kv_cache ? "on" : "off");
-  for (const std::string& sc : req.step_caches) s += ", Step cache: " + sc;
-  return s + ", Generator: flowkv";
-}
-
 // The prompt is padded to the longest branch, not to a fixed length.
 void check_text_length(const PipelineFolder& p, const GenerateRequest& req) {
   FLOWKV_CHECK(req.max_sequence_length == 0, p.path,
@@ -172,247 +126,197 @@ void check_text_length(const PipelineFolder& p, const GenerateRequest& req) {
                "pads its prompts to the longest branch");
 }
 
-GenerateResult generate_qwen21(const PipelineFolder& p, const GenerateRequest& req,
-                               const GenerateProgress& progress, const GenerateControl& control) {
-  check_text_length(p, req);
-  const Components c = check_components(p);
-  const int64_t resolution = req.resolution > 0 ? req.resolution : kDefaultResolution;
-  // diffusers ignores num_inference_steps when the pipeline sets sample_sigmas; a step count
-  // that disagrees is refused here, before any work, rather than dropped silently.
-  FLOWKV_CHECK(c.sample_sigmas.empty() || req.steps == 0 ||
-                   req.steps == static_cast<int>(c.sample_sigmas.size()),
-               p.path, "/model_index.json sets ", c.sample_sigmas.size(),
-               " sample_sigmas, which fix the step count; --steps ", req.steps,
-               " differs (leave it out)");
-  // diffusers: guidance runs when true_cfg_scale > 1 and a negative prompt is given.
-  const bool cfg = req.cfg_scale > 1.0f && req.has_negative_prompt;
+// What the prompt encoder sees of a request: the condition images pasted over white.
+struct QwenPlan {
+  std::vector<Image> vl_images;
+  int64_t resolution = kDefaultResolution;
+};
 
-  FLOWKV_CHECK(static_cast<int64_t>(req.references.size()) <= limits::kMaxReferences,
-               req.references.size(), " condition images; at most ", limits::kMaxReferences,
-               " are taken");
-  // Step 1 of __call__: the condition images at their pipeline size (RGBA), read before any
-  // weight so a bad file fails first.
-  std::vector<Image> conds;
-  for (const std::string& path : req.references) {
-    conds.push_back(qwen21_condition_image(load_image(path, PixelFormat::kRGBA), resolution,
-                                           "condition image " + path));
+// Qwen-Image-2.1's stages for the one orchestration (pipeline/generate.h).
+class Qwen21Spec final : public pipeline::GenerateSpec {
+ public:
+  Qwen21Spec(const PipelineFolder& p, const PipelineOptions& o)
+      : p_(p), c_(check_components(p)), dtype_(o.dtype) {}
+
+  std::string images_stage() const override { return "conditions"; }
+  std::string cached_name() const override { return "prefix"; }
+  std::string kv_name() const override { return "prefix K/V"; }
+  PixelFormat pixel_format() const override { return PixelFormat::kRGBA; }
+  // QwenImage21Pipeline.__call__'s num_inference_steps (sample_sigmas, when set, fix it).
+  int default_steps() const override {
+    return c_.sample_sigmas.empty() ? 40 : static_cast<int>(c_.sample_sigmas.size());
   }
-  if (!conds.empty()) {
+
+  void plan(pipeline::Plan& p, std::vector<Image> decoded) const override {
+    const GenerateRequest& req = p.request;
+    check_text_length(p_, req);
+    auto qp = std::make_shared<QwenPlan>();
+    qp->resolution = req.resolution > 0 ? req.resolution : kDefaultResolution;
+    // diffusers ignores num_inference_steps when the pipeline sets sample_sigmas; a step count
+    // that disagrees is refused here, before any work, rather than dropped silently.
+    FLOWKV_CHECK(c_.sample_sigmas.empty() || req.steps == 0 ||
+                     req.steps == static_cast<int>(c_.sample_sigmas.size()),
+                 p_.path, "/model_index.json sets ", c_.sample_sigmas.size(),
+                 " sample_sigmas, which fix the step count; --steps ", req.steps,
+                 " differs (leave it out)");
+    p.sigmas = c_.sample_sigmas;
+    if (!p.sigmas.empty()) p.steps = static_cast<int>(p.sigmas.size());
+    // diffusers: guidance runs when true_cfg_scale > 1 and a negative prompt is given.
+    p.cfg = req.cfg_scale > 1.0f && req.has_negative_prompt;
+    GenerateLayout& l = p.layout;
+    l.cfg = p.cfg;
+    // Step 1 of __call__: the condition images at their pipeline size (RGBA).
+    for (size_t i = 0; i < decoded.size(); ++i) {
+      p.images.push_back(
+          qwen21_condition_image(decoded[i], qp->resolution, "condition image " + p.names[i]));
+      l.image_sizes.emplace_back(p.images.back().width, p.images.back().height);
+      qp->vl_images.push_back(over_white(p.images.back()));
+    }
     // Each image's prompt slots must cover its latents 2x2: checked from the processor config
     // before any weight is read (a min_pixels above the image's size would resize it again).
-    std::vector<std::pair<int64_t, int64_t>> sizes;
-    for (const Image& im : conds) sizes.emplace_back(im.width, im.height);
     const qwen3_vl::PromptCounts pc =
-        qwen3_vl::prompt_counts(c.text_encoder, c.processor, req.prompt, sizes);
-    for (size_t i = 0; i < conds.size(); ++i) {
-      const int64_t tokens = (conds[i].width / 16) * (conds[i].height / 16);
-      FLOWKV_CHECK(pc.image_slots[i] * kSlotTokens == tokens, "condition image ", req.references[i],
-                   ": at ", size_str(conds[i].width, conds[i].height), " the processor makes ",
+        qwen3_vl::prompt_counts(c_.text_encoder, c_.processor, req.prompt, l.image_sizes);
+    for (size_t i = 0; i < p.images.size(); ++i) {
+      const Image& im = p.images[i];
+      const int64_t tokens = (im.width / 16) * (im.height / 16);
+      FLOWKV_CHECK(pc.image_slots[i] * kSlotTokens == tokens, "condition image ", p.names[i],
+                   ": at ", size_str(im.width, im.height), " the processor makes ",
                    pc.image_slots[i], " prompt slots for ", tokens,
                    " latent tokens (4 each expected): its min_pixels / max_pixels "
                    "(preprocessor_config.json) resize the image again; raise --resolution");
     }
-  }
-  int64_t want_w = req.width, want_h = req.height;
-  if (!conds.empty()) {  // the last image's calculate_dimensions, unless given
-    if (want_w == 0) want_w = conds.back().width;
-    if (want_h == 0) want_h = conds.back().height;
-  }
-  if (want_w == 0) want_w = resolution;
-  if (want_h == 0) want_h = resolution;
-  const int64_t gw = want_w / kMultiple * 2, gh = want_h / kMultiple * 2;  // latent tokens
-  FLOWKV_CHECK(gw >= 2 && gh >= 2, "the image size ", size_str(want_w, want_h), " is smaller than ",
-               kMultiple, " pixels a side");
-
-  GenerateResult res;
-  res.width = gw * (kMultiple / 2), res.height = gh * (kMultiple / 2);
-  pipeline::StageRunner stages(progress, control, res.stages);
-
-  std::vector<Image> vl_images;  // what the prompt encoder sees: alpha over white
-  for (const Image& im : conds) vl_images.push_back(over_white(im));
-  PromptEmbeds positive, negative;
-  pipeline::RequestStore rs(control.store);
-  stages.run("prompt", cfg ? 3 : 2, [&](pipeline::Stage& s) {
-    // The encoder is loaded only when a branch is not in the reference store.
-    std::optional<qwen3_vl::PromptEncoder> enc;
-    auto branch = [&](const std::string& text, const char* name) {
-      std::string note;
-      auto compute = [&]() -> std::vector<Tensor> {
-        if (!enc) {
-          enc.emplace(qwen3_vl::PromptEncoder::load(c.text_encoder, c.processor));
-          s.advance(1, "text encoder loaded");
-        }
-        const PromptEmbeds e = encode_branch(*enc, text, vl_images, &note);
-        return {e.embeds, slots_tensor(e.slots)};
-      };
-      bool hit = false;
-      std::vector<Tensor> t;
-      if (rs.active()) {
-        store::KeyBuilder key("prompt");
-        pipeline::add_files_identity(key, "text encoder", c.text_encoder);
-        pipeline::add_files_identity(key, "processor", c.processor);
-        key.text("rule", "qwen-image-2.1 qwen3-vl prompt").text("text", text);
-        key.integer("images", static_cast<int64_t>(vl_images.size()));
-        for (const Image& im : vl_images) {
-          key.integer("width", im.width).integer("height", im.height);
-          key.integer("channels", im.channels);
-          key.bytes("pixels", im.pixels.data(), im.pixels.size());
-        }
-        t = rs.get(key.finish(), compute, &hit);
-      } else {
-        t = compute();
-      }
-      FLOWKV_CHECK(t.size() == 2, "reference store: a prompt entry holds 2 tensors");
-      if (hit) note = std::to_string(t[0].dim(1)) + " rows, from the reference store";
-      s.detail += (s.detail.empty() ? "" : "; ") + std::string(name) + ": " + note;
-      return PromptEmbeds{.embeds = t[0], .slots = slots_of(t[1]), .mask = {}};
-    };
-    positive = branch(req.prompt, "prompt");
-    s.advance(2, "prompt encoded");
-    if (cfg) {
-      negative = branch(req.negative_prompt, "negative");
-      s.advance(3, "negative prompt encoded");
+    l.text_tokens = pc.text_tokens;
+    for (int64_t slots : pc.image_slots) l.image_tokens.push_back(slots * kSlotTokens);
+    if (p.cfg) {
+      l.negative_text_tokens =
+          qwen3_vl::prompt_counts(c_.text_encoder, c_.processor, req.negative_prompt, l.image_sizes)
+              .text_tokens;
     }
-    return 0;
-  });
-
-  std::vector<ReferenceLatents> latents_in;
-  if (!conds.empty()) {
-    latents_in =
-        stages.run("conditions", static_cast<int64_t>(conds.size()), [&](pipeline::Stage& s) {
-          // The VAE is loaded only when an image's latents are not in the reference store.
-          std::optional<qwen21_vae::Vae> vae;
-          std::vector<ReferenceLatents> out;
-          for (size_t i = 0; i < conds.size(); ++i) {
-            bool hit = false;
-            const Tensor z = rs.image_latents(
-                c.vae, "qwen-image-2.1 condition: RGBA, VAE mode", conds[i],
-                [&] {
-                  if (!vae) vae.emplace(qwen21_vae::Vae::load(c.vae));
-                  return vae->encode(ExecContext{}, qwen21_vae::preprocess(conds[i]));
-                },
-                &hit);
-            const int64_t h = z.dim(2), w = z.dim(3);
-            out.push_back({qwen21_vae::pack(z), h, w});
-            s.detail += (s.detail.empty() ? "" : ", ") + size_str(conds[i].width, conds[i].height) +
-                        " (" + std::to_string(h * w) + " tokens" +
-                        (hit ? ", from the reference store" : "") + ")";
-            s.advance(static_cast<int64_t>(i + 1), req.references[i]);
-          }
-          return out;
-        });
+    int64_t want_w = req.width, want_h = req.height;
+    if (!p.images.empty()) {  // the last image's calculate_dimensions, unless given
+      if (want_w == 0) want_w = p.images.back().width;
+      if (want_h == 0) want_h = p.images.back().height;
+    }
+    if (want_w == 0) want_w = qp->resolution;
+    if (want_h == 0) want_h = qp->resolution;
+    FLOWKV_CHECK(want_w > 0 && want_h > 0, "the image size ", size_str(want_w, want_h),
+                 " is not a size");
+    p.grid_w = want_w / kMultiple * 2, p.grid_h = want_h / kMultiple * 2;  // latent tokens
+    FLOWKV_CHECK(p.grid_w >= 2 && p.grid_h >= 2, "the image size ", size_str(want_w, want_h),
+                 " is smaller than ", kMultiple, " pixels a side");
+    l.width = p.grid_w * (kMultiple / 2), l.height = p.grid_h * (kMultiple / 2);
+    l.target_tokens = p.grid_w * p.grid_h;
+    l.transformer = c_.transformer;
+    p.family = qp;
   }
+
+  std::string text_encoder_path() const override { return c_.text_encoder; }
+  std::string vae_path() const override { return c_.vae; }
+
+  pipeline::PromptJob prompt(pipeline::Components& comps, const pipeline::Plan& p,
+                             const std::string& text) const override {
+    const auto qp = std::static_pointer_cast<const QwenPlan>(p.family);
+    pipeline::PromptJob job;
+    const std::string processor = c_.processor;
+    job.describe = [qp, text, processor](store::KeyBuilder& key) {
+      pipeline::add_files_identity(key, "processor", processor);
+      key.text("rule", "qwen-image-2.1 qwen3-vl prompt").text("text", text);
+      key.integer("images", static_cast<int64_t>(qp->vl_images.size()));
+      for (const Image& im : qp->vl_images) {
+        key.integer("width", im.width).integer("height", im.height);
+        key.integer("channels", im.channels);
+        key.bytes("pixels", im.pixels.data(), im.pixels.size());
+      }
+    };
+    job.encode = [this, &comps, qp, text](std::string* note) {
+      const auto enc = comps.get<qwen3_vl::PromptEncoder>("text_encoder", [&] {
+        return qwen3_vl::PromptEncoder::load(c_.text_encoder, c_.processor);
+      });
+      Arena arena;
+      const ExecContext ctx{&arena};
+      const qwen3_vl::PromptEncoding e = enc->encode(ctx, text, qp->vl_images);
+      *note = std::to_string(e.embeds.dim(1)) + " tokens (" + std::to_string(e.text_tokens) +
+              " text, " + std::to_string(e.embeds.dim(1) - e.text_tokens) + " image slots)";
+      return PromptEmbeds{.embeds = e.embeds, .slots = e.slots, .mask = {}};
+    };
+    return job;
+  }
+
+  std::string image_rule() const override { return "qwen-image-2.1 condition: RGBA, VAE mode"; }
+  Tensor encode_image(pipeline::Components& comps, const Image& image) const override {
+    return vae(comps)->encode(ExecContext{}, qwen21_vae::preprocess(image));
+  }
+  ReferenceLatents pack_image(const Tensor& z) const override {
+    return {qwen21_vae::pack(z), z.dim(2), z.dim(3)};
+  }
+
   // Each image's slots in the prompt must cover its latents 2x2 (the processor keeps the
   // pipeline's multiple-of-32 sizes; a processor config that resizes them again would not).
-  for (const PromptEmbeds* b : {&positive, &negative}) {
-    if (!b->embeds.defined()) continue;
-    int64_t slots = 0, tokens = 0;
-    for (uint8_t v : b->slots) slots += v;
-    for (const ReferenceLatents& r : latents_in) tokens += r.height * r.width;
-    FLOWKV_CHECK(slots * kSlotTokens == tokens, p.path, ": the prompt encoder gave ", slots,
-                 " image slots for ", tokens,
-                 " condition latent tokens (4 each expected): the processor resized the "
-                 "condition images (check min_pixels / max_pixels in preprocessor_config.json)");
+  void check_conditioning(const pipeline::Plan&, const PromptEmbeds& positive,
+                          const PromptEmbeds* negative,
+                          const std::vector<ReferenceLatents>& images) const override {
+    for (const PromptEmbeds* b : {&positive, negative}) {
+      if (!b || !b->embeds.defined()) continue;
+      int64_t slots = 0, tokens = 0;
+      for (uint8_t v : b->slots) slots += v;
+      for (const ReferenceLatents& r : images) tokens += r.height * r.width;
+      FLOWKV_CHECK(slots * kSlotTokens == tokens, p_.path, ": the prompt encoder gave ", slots,
+                   " image slots for ", tokens,
+                   " condition latent tokens (4 each expected): the processor resized the "
+                   "condition images (check min_pixels / max_pixels in "
+                   "preprocessor_config.json)");
+    }
   }
 
-  const int steps_default = c.sample_sigmas.empty()
-                                ? (req.steps > 0 ? req.steps : by_name("qwen21").info.default_steps)
-                                : static_cast<int>(c.sample_sigmas.size());
-  int steps_run = 0;
-  const Tensor latents = stages.run("denoise", steps_default, [&](pipeline::Stage& s) {
-    const Model model = Model::load(c.transformer, req.dtype);
-    TorchGenerator g(req.seed);
-    const DType noise_dtype = model.compute_dtype() == "BF16" ? DType::kBF16 : DType::kF32;
-    DenoiseInputs in;
-    in.prompt = positive;
-    if (cfg) {
-      in.negative = negative;
-      in.cfg_scale = req.cfg_scale;
-    }
-    // randn of [1, 1, C, h, w], flattened to tokens (_pack_latents).
-    in.noise = qwen21_vae::pack(
-        randn_tensor(g, {1, c.transformer_cfg.in_channels, gh, gw}, noise_dtype).to_f32());
-    in.height = gh, in.width = gw;
-    in.references = latents_in;
-    DenoiseOptions o;
-    if (c.sample_sigmas.empty()) {
-      o.steps = steps_default;
-    } else {
-      o.sigmas = c.sample_sigmas;
-    }
-    o.mode = req.kv_cache ? KVMode::kCached : KVMode::kRecompute;
-    o.step_caches = req.step_caches;
-    o.store = control.store;
-    const bool cached = req.kv_cache && c.transformer_cfg.causal_condition;
-    pipeline::DenoiseStage ds(s, control, "prefix", cached, cfg ? " (2 branches)" : "");
-    std::optional<qwen21_vae::Vae> preview_vae;
-    ds.attach(o, [&](const Tensor& x0) {
-      if (!preview_vae) preview_vae.emplace(qwen21_vae::Vae::load(c.vae));
-      return decode_latents(*preview_vae, x0, gh, gw, false);
-    });
-    const DenoiseResult r = denoise(model, in, o);
-    rs.add(r);
-    res.step_caches = r.step_caches;
-    steps_run = static_cast<int>(r.step_seconds.size());
-    s.detail = std::to_string(steps_run) + " steps" + (cfg ? " x 2 branches, " : ", ") +
-               (r.store_hits > 0 && r.store_misses == 0
-                    ? "prefix K/V from the reference store at every step (" +
-                          std::to_string(r.kv_bytes) + " bytes)"
-                : r.kv_bytes > 0 ? "prefix K/V computed at step 1 and reused after it (" +
-                                       std::to_string(r.kv_bytes) + " bytes)"
-                                 : "prefix recomputed every step");
-    return r.latents;
-  });
-  res.parameters = parameters_text(req, p, res.width, res.height, steps_run, cfg, resolution);
-  const Image image = stages.run("decode", 1, [&](pipeline::Stage& s) {
-    const qwen21_vae::Vae vae = qwen21_vae::Vae::load(c.vae);
-    Image im = decode_latents(vae, latents, gh, gw, req.vae_tiling);
-    s.advance(1, "decoded");
-    s.detail = size_str(res.width, res.height) + " RGBA";
-    return im;
-  });
-  res.channels = image.channels;
-  res.pixels = image.pixels;
-  rs.report(res);
-  return res;
-}
+  bool exact_cache(const pipeline::Plan& p) const override {
+    return p.request.kv_cache && c_.transformer_cfg.causal_condition;
+  }
+
+  // randn of [1, 1, C, h, w], flattened to tokens (_pack_latents).
+  Tensor noise(pipeline::Components& comps, const pipeline::Plan& p) const override {
+    const LoadedTransformer& t = *transformer(comps);
+    TorchGenerator g(p.request.seed);
+    const DType noise_dtype = t.model->compute_dtype() == "BF16" ? DType::kBF16 : DType::kF32;
+    return qwen21_vae::pack(
+        randn_tensor(g, {1, c_.transformer_cfg.in_channels, p.grid_h, p.grid_w}, noise_dtype)
+            .to_f32());
+  }
+  DenoiseResult denoise(pipeline::Components& comps, const DenoiseInputs& in,
+                        const DenoiseOptions& o) const override {
+    return run_family_denoise(*transformer(comps), in, o, std::nullopt);
+  }
+  Image decode(pipeline::Components& comps, const pipeline::Plan& p, const Tensor& latents,
+               bool tiled) const override {
+    return decode_latents(*vae(comps), latents, p.grid_h, p.grid_w, tiled);
+  }
+  std::string decode_note() const override { return "RGBA"; }
+
+  std::string parameters_after_sampler(const pipeline::Plan& p) const override {
+    char scale[32];
+    std::snprintf(scale, sizeof scale, "%g", static_cast<double>(p.request.cfg_scale));
+    return std::string(", CFG scale: ") + (p.cfg ? scale : "off");
+  }
+  std::string parameters_after_model(const pipeline::Plan& p) const override {
+    const auto qp = std::static_pointer_cast<const QwenPlan>(p.family);
+    return ", Condition images: " + std::to_string(p.images.size()) +
+           (p.images.empty() ? "" : ", Resolution: " + std::to_string(qp->resolution));
+  }
+
+ private:
+  std::shared_ptr<const qwen21_vae::Vae> vae(pipeline::Components& comps) const {
+    return comps.get<qwen21_vae::Vae>("vae", [&] { return qwen21_vae::Vae::load(c_.vae); });
+  }
+  std::shared_ptr<const LoadedTransformer> transformer(pipeline::Components& comps) const {
+    return comps.get<LoadedTransformer>("transformer",
+                                        [&] { return load_transformer(c_.transformer, dtype_); });
+  }
+
+  const PipelineFolder p_;
+  const Components c_;
+  const std::string dtype_;
+};
 
 }  // namespace
-
-GenerateLayout qwen21_generate_layout(const PipelineFolder& p, const GenerateRequest& req) {
-  check_text_length(p, req);
-  const Components c = check_components(p);
-  const int64_t resolution = req.resolution > 0 ? req.resolution : kDefaultResolution;
-  GenerateLayout l;
-  l.cfg = req.cfg_scale > 1.0f && req.has_negative_prompt;
-  for (const std::string& path : req.references) {
-    const Image img = load_image(path, PixelFormat::kRGBA);
-    l.image_sizes.push_back(
-        qwen21_dimensions(resolution, img.width, img.height, "condition image " + path));
-  }
-  const qwen3_vl::PromptCounts pc =
-      qwen3_vl::prompt_counts(c.text_encoder, c.processor, req.prompt, l.image_sizes);
-  l.text_tokens = pc.text_tokens;
-  for (int64_t slots : pc.image_slots) l.image_tokens.push_back(slots * kSlotTokens);
-  if (l.cfg) {
-    l.negative_text_tokens =
-        qwen3_vl::prompt_counts(c.text_encoder, c.processor, req.negative_prompt, l.image_sizes)
-            .text_tokens;
-  }
-  int64_t w = req.width, h = req.height;
-  if (!l.image_sizes.empty()) {
-    if (w == 0) w = l.image_sizes.back().first;
-    if (h == 0) h = l.image_sizes.back().second;
-  }
-  if (w == 0) w = resolution;
-  if (h == 0) h = resolution;
-  l.width = w / kMultiple * kMultiple, l.height = h / kMultiple * kMultiple;
-  FLOWKV_CHECK(l.width > 0 && l.height > 0, "the image size ", size_str(w, h), " is smaller than ",
-               kMultiple, " pixels a side");
-  l.target_tokens = (l.width / 16) * (l.height / 16);
-  l.transformer = c.transformer;
-  return l;
-}
 
 namespace {
 
@@ -502,9 +406,9 @@ bool qwen21_runs_pipeline(const std::string& pipeline_class) {
   return pipeline_class == "QwenImage21Pipeline";
 }
 
-GenerateResult qwen21_generate(const PipelineFolder& p, const GenerateRequest& req,
-                               const GenerateProgress& progress, const GenerateControl& control) {
-  return generate_qwen21(p, req, progress, control);
+std::shared_ptr<const pipeline::GenerateSpec> qwen21_open_pipeline(const PipelineFolder& p,
+                                                                   const PipelineOptions& o) {
+  return std::make_shared<const Qwen21Spec>(p, o);
 }
 
 }  // namespace flowkv::families
