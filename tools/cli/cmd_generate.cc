@@ -11,6 +11,7 @@
 #include "flowkv/error.h"
 #include "flowkv/generate.h"
 #include "flowkv/limits.h"
+#include "flowkv/pipeline.h"
 #include "flowkv/store.h"
 #include "measure.h"
 
@@ -19,7 +20,7 @@ namespace flowkv::cli {
 namespace {
 
 struct Opts {
-  std::string model, negative, size, out = "out.png", dtype = "auto";
+  std::string model, negative, size, out = "out.png", dtype = "auto", memory;
   std::vector<std::string> prompts;
   std::string prompts_file, store_ram = "2G", store_disk;
   std::vector<std::string> refs, caches;
@@ -147,11 +148,21 @@ int run(Opts o) {
     control.store = std::make_shared<ReferenceStore>(StoreOptions{
         .ram_bytes = parse_bytes(o.store_ram, "--store-ram"), .disk_dir = o.store_disk});
   }
+  // One picture: each stage loads its component and releases it (the smallest peak). Several:
+  // the components stay loaded between pictures where they fit the machine's memory.
+  const MemoryPolicy memory = !o.memory.empty()     ? parse_memory_policy(o.memory)
+                              : o.prompts.size() > 1 ? MemoryPolicy::kAuto
+                                                     : MemoryPolicy::kStaged;
+  const Pipeline pipeline = Pipeline::open(o.model, {.memory = memory, .dtype = o.dtype});
+  // Every request check that needs no weights (images, sizes, steps) runs before any loads.
+  req.prompt = o.prompts.front();
+  const PreparedRequest first = pipeline.prepare(req);
   for (size_t i = 0; i < o.prompts.size(); ++i) {
     req.prompt = o.prompts[i];
     if (o.prompts.size() > 1)
       std::fprintf(stderr, "prompt %zu/%zu: %s\n", i + 1, o.prompts.size(), req.prompt.c_str());
-    const GenerateResult res = generate(o.model, req, p, control);
+    const GenerateResult res =
+        pipeline.generate(i == 0 ? first : pipeline.prepare(req), p, control);
     if (res.prompt_truncated) {
       std::fprintf(stderr,
                    "warning: the prompt was longer than the text encoder reads; its end was "
@@ -180,8 +191,11 @@ void add_generate(CLI::App& app) {
       "(model_index.json and its components): FLUX.2 Klein 4B / 9B (Flux2KleinPipeline), Klein\n"
       "9B KV (Flux2KleinKVPipeline) and Qwen-Image-2.1 (QwenImage21Pipeline: condition images,\n"
       "RGBA out, classifier-free guidance with -n and --cfg-scale). Stages run one at a time\n"
-      "(prompt, references / conditions, denoise, decode), each loading its component and\n"
-      "releasing it, so peak memory is the largest stage plus the KV cache. Prints a progress\n"
+      "(prompt, references / conditions, denoise, decode); with one prompt each loads its\n"
+      "component and releases it, so peak memory is the largest stage plus the KV cache\n"
+      "(--memory). Requests are checked (pictures, sizes, steps) before any weight loads,\n"
+      "defaults (steps) are the pipeline class's as diffusers has them, and the folder's\n"
+      "scheduler/scheduler_config.json is read. Prints a progress\n"
       "bar per stage and each stage's time and peak memory; the PNG carries the parameters in\n"
       "a text chunk. Same inputs and seed give diffusers' picture (f32).");
   auto* o = new Opts;
@@ -215,7 +229,14 @@ void add_generate(CLI::App& app) {
                   "Qwen-Image-2.1: condition images are resized to about RES x RES pixels "
                   "keeping their aspect ratio (default 1024)")
       ->check(CLI::Range(int64_t{32}, int64_t{4096}));
-  cmd->add_option("--steps", o->steps, "denoising steps (default: the model's, 4 for Klein)");
+  cmd->add_option("--steps", o->steps,
+                  "denoising steps (default: the pipeline class's, as diffusers' __call__: "
+                  "Flux2KleinKVPipeline 4, Flux2KleinPipeline 50, QwenImage21Pipeline 40)")
+      ->check(CLI::Range(1, static_cast<int>(limits::kMaxSteps)));
+  cmd->add_option("--memory", o->memory,
+                  "components between pictures: resident (loaded once, kept), staged (each stage "
+                  "loads its component and releases it), auto (resident where the weights fit "
+                  "3/4 of memory); default staged for one prompt, auto for several");
   cmd->add_option("--max-sequence-length", o->max_sequence_length,
                   "FLUX.2 Klein: the prompt's padded length in tokens (diffusers' "
                   "max_sequence_length; default 512, or the tokenizer's model_max_length where "
