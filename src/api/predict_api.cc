@@ -51,6 +51,27 @@ std::string format_prediction(const KVPrediction& p) {
   o << "model:      " << p.model << " (width " << p.width << ", " << p.layers << " layers)\n";
   if (p.branches > 1)
     o << "guidance:   classifier-free, 2 branches (two caches, twice the compute)\n";
+  bool any_cached = false;
+  for (const SegmentFlops& s : p.segments) any_cached = any_cached || s.cached;
+  if (!any_cached) {
+    // No cached column, speedup or payload for a cache this layout never builds.
+    o << "\nper step                tokens         FLOPs\n";
+    for (const SegmentFlops& s : p.segments) {
+      o << "  " << s.name << std::string(s.name.size() < 20 ? 20 - s.name.size() : 1, ' ');
+      o.width(8);
+      o << s.tokens << "  ";
+      o.width(14);
+      o << tflop(s.uncached_flops) << "\n";
+    }
+    o << "  total                         ";
+    o.width(14);
+    o << tflop(p.uncached_step_flops) << "\n\n";
+    o << "no exact cache applies: no segment of this layout is cacheable (why, below), so every "
+         "step computes every token";
+    if (p.branches > 1) o << " in both branches";
+    o << "\n";
+    return o.str();
+  }
   o << "\nper step                tokens    uncached        cached\n";
   for (const SegmentFlops& s : p.segments) {
     o << "  " << s.name << std::string(s.name.size() < 20 ? 20 - s.name.size() : 1, ' ');

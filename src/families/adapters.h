@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "flowkv/model.h"
 #include "pipeline/denoise.h"
@@ -22,6 +23,11 @@ namespace flowkv::families {
 // (Klein 4B / 9B and dev, diffusers Flux2KleinPipeline: every token reads every token at the
 // step's time; nothing is cacheable exactly).
 enum class Flux2References { kKleinKV, kJoint };
+
+// The reference rule and the __call__ default step count of a FLUX.2 pipeline class, from the
+// family's table of releases (families/flux2.cc); an unknown class is an Error naming `where`.
+Flux2References flux2_pipeline_rule(const std::string& pipeline_class, const std::string& where);
+int flux2_pipeline_default_steps(const std::string& pipeline_class);
 
 std::unique_ptr<pipeline::DenoiseAdapter> flux2_adapter(
     const flux2::Model& m, const DenoiseInputs& in, const DenoiseOptions& opts,

@@ -56,6 +56,31 @@ namespace {
 
 constexpr const char* kName = "flux2";
 
+// The released FLUX.2 shapes, one row each (their transformer configs: flux2::released_config).
+// Detection of the reference rule, predict, the cacheability report, the zero-weight export and
+// the generate defaults all read this table.
+struct Released {
+  const char* name;
+  const char* pipeline_class;  // the diffusers pipeline it is released with
+  Flux2References rule;        // how its transformer reads references
+  int default_steps;           // that pipeline's __call__ num_inference_steps
+  float guidance_scale;        // its guidance_scale default (0: it has none)
+};
+constexpr Released kReleased[] = {
+    {"klein-9b-kv", "Flux2KleinKVPipeline", Flux2References::kKleinKV, 4, 0.0f},
+    {"klein-4b", "Flux2KleinPipeline", Flux2References::kJoint, 50, 4.0f},
+    {"klein-9b", "Flux2KleinPipeline", Flux2References::kJoint, 50, 4.0f},
+    {"dev", "Flux2Pipeline", Flux2References::kJoint, 50, 4.0f},
+};
+
+const Released* released(const std::string& name) {
+  for (const Released& r : kReleased) {
+    if (name == r.name) return &r;
+  }
+  return nullptr;
+}
+
+
 KVPrediction predict_of(const flux2::Config& c, const std::string& name, int64_t text,
                         const std::vector<int64_t>& refs, int64_t target, int steps, bool cfg,
                         int64_t kv_bytes, Flux2References rule = Flux2References::kKleinKV) {
@@ -184,10 +209,10 @@ flux2::Config config_of_model(const std::string& model, std::string* name) {
 // stream. A config cannot tell Klein 9B from Klein 9B KV (one architecture): no rules then.
 std::optional<TokenLayout> layout_of(const std::string& model, int64_t text,
                                      const std::vector<int64_t>& refs, int64_t target) {
-  if (model == "klein-9b-kv") return flux2::klein_kv_layout(text, refs, target);
-  flux2::Config c;
-  if (flux2::released_config(model, &c)) return joint_layout(text, refs, target);
-  return std::nullopt;
+  const Released* r = released(model);
+  if (!r) return std::nullopt;
+  return r->rule == Flux2References::kKleinKV ? flux2::klein_kv_layout(text, refs, target)
+                                              : joint_layout(text, refs, target);
 }
 
 void inspect_files(const CheckpointScan& scan, InspectReport& r) {
@@ -244,7 +269,7 @@ FamilyInfo info() {
   i.images = "reference";
   i.builtins = flux2::builtin_names();
   i.default_builtin = "small";
-  i.released = {"klein-9b-kv", "klein-4b", "klein-9b", "dev"};
+  for (const Released& r : kReleased) i.released.push_back(r.name);
   i.default_steps = 4;
   i.bench_steps = {4, 8, 28};
   i.bench_images = {1, 2, 3};
@@ -259,7 +284,10 @@ FamilyInfo info() {
 void write_zero_pipeline(const std::string& shape, const std::string& dtype,
                          const std::string& dir) {
   flux2::Config c;
-  FLOWKV_CHECK(shape != "dev" && flux2::released_config(shape, &c), "no released Klein shape '",
+  const Released* rel = released(shape);
+  FLOWKV_CHECK(rel && std::string(rel->pipeline_class).rfind("Flux2Klein", 0) == 0 &&
+                   flux2::released_config(shape, &c),
+               "no released Klein shape '",
                shape,
                "' to write as a pipeline (klein-9b-kv-pipeline, klein-9b-pipeline, "
                "klein-4b-pipeline)");
@@ -286,8 +314,8 @@ void write_zero_pipeline(const std::string& shape, const std::string& dtype,
                       {"base_image_seq_len", 256},
                       {"max_image_seq_len", 4096}};
   write_file_atomic((fs::path(dir) / "scheduler/scheduler_config.json").string(), sched.dump(2));
-  const bool kv = shape == "klein-9b-kv";
-  Json index = {{"_class_name", kv ? "Flux2KleinKVPipeline" : "Flux2KleinPipeline"},
+  const bool kv = rel->rule == Flux2References::kKleinKV;
+  Json index = {{"_class_name", rel->pipeline_class},
                 {"scheduler", {"diffusers", "FlowMatchEulerDiscreteScheduler"}},
                 {"text_encoder", {"transformers", "Qwen3ForCausalLM"}},
                 {"tokenizer", {"transformers", "Qwen2Tokenizer"}},
@@ -308,15 +336,29 @@ std::shared_ptr<const FamilyModel> wrap(Flux2Transformer t,
 // Klein 9B, whose transformers share one architecture.
 Flux2References references_of(const std::string& path) {
   const std::optional<PipelineFolder> p = find_pipeline_folder(path);
-  if (!p || p->class_name == "Flux2KleinKVPipeline") return Flux2References::kKleinKV;
-  FLOWKV_CHECK(p->class_name == "Flux2KleinPipeline" || p->class_name == "Flux2Pipeline", p->path,
-               "/model_index.json: pipeline class \"", p->class_name,
-               "\" is not a FLUX.2 pipeline flowkv knows (Flux2KleinKVPipeline, "
-               "Flux2KleinPipeline, Flux2Pipeline)");
-  return Flux2References::kJoint;
+  if (!p) return Flux2References::kKleinKV;
+  return flux2_pipeline_rule(p->class_name, p->path);
 }
 
 }  // namespace
+
+Flux2References flux2_pipeline_rule(const std::string& pipeline_class, const std::string& where) {
+  std::string known;
+  for (const Released& r : kReleased) {
+    if (pipeline_class == r.pipeline_class) return r.rule;
+    if (known.find(r.pipeline_class) == std::string::npos)
+      known += (known.empty() ? "" : ", ") + std::string(r.pipeline_class);
+  }
+  fail(where, "/model_index.json: pipeline class \"", pipeline_class,
+       "\" is not a FLUX.2 pipeline flowkv knows (", known, ")");
+}
+
+int flux2_pipeline_default_steps(const std::string& pipeline_class) {
+  for (const Released& r : kReleased) {
+    if (pipeline_class == r.pipeline_class) return r.default_steps;
+  }
+  fail("no FLUX.2 pipeline class \"", pipeline_class, "\"");
+}
 
 LoadedTransformer load_flux2_transformer(const std::string& path, const std::string& dtype,
                                          bool klein_kv_rules) {
@@ -370,8 +412,11 @@ Family flux2_family() {
   f.predict_shape = [](const PredictRequest& r) {
     std::string name;
     const flux2::Config c = config_of_model(r.model, &name);
+    // A released shape's rule is known; a config or checkpoint keeps Klein KV's (the one rule
+    // flowkv caches exactly; a checkpoint's pipeline folder decides it at generate).
+    const Released* rel = released(r.model);
     return predict_of(c, name, r.text_tokens, r.ref_tokens, r.target_tokens, r.steps, r.cfg,
-                      r.kv_bytes_per_element);
+                      r.kv_bytes_per_element, rel ? rel->rule : Flux2References::kKleinKV);
   };
   f.layout = layout_of;
   f.tables = flux1_tables();

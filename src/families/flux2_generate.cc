@@ -14,6 +14,7 @@
 
 #include "core/arena.h"
 #include "core/random.h"
+#include "families/adapters.h"
 #include "families/family.h"
 #include "flowkv/error.h"
 #include "flowkv/generate.h"
@@ -120,11 +121,6 @@ std::pair<int64_t, int64_t> target_grid(const Components& c, const GenerateReque
   return {gw, gh};
 }
 
-// diffusers' __call__ defaults per pipeline class (num_inference_steps).
-int class_default_steps(const std::string& pipeline_class) {
-  return pipeline_class == "Flux2KleinKVPipeline" ? 4 : 50;
-}
-
 void check_request(const PipelineFolder& p, const GenerateRequest& req) {
   FLOWKV_CHECK(!req.has_negative_prompt && req.cfg_scale <= 1.0f, p.path,
                ": FLUX.2 Klein runs without classifier-free guidance (the distilled pipelines "
@@ -156,7 +152,7 @@ class KleinSpec final : public pipeline::GenerateSpec {
   std::string cached_name() const override { return "references"; }
   std::string kv_name() const override { return "references' K/V"; }
   PixelFormat pixel_format() const override { return PixelFormat::kRGB; }
-  int default_steps() const override { return class_default_steps(p_.class_name); }
+  int default_steps() const override { return flux2_pipeline_default_steps(p_.class_name); }
 
   void plan(pipeline::Plan& p, std::vector<Image> decoded) const override {
     const GenerateRequest& req = p.request;
@@ -227,7 +223,7 @@ class KleinSpec final : public pipeline::GenerateSpec {
   // Klein KV's references are computed at step 1 and read from the cache after it (or from
   // the reference store at every step).
   bool exact_cache(const pipeline::Plan& p) const override {
-    return p.request.kv_cache && !p.images.empty() && p_.class_name == "Flux2KleinKVPipeline";
+    return p.request.kv_cache && !p.images.empty() && klein_kv_rules();
   }
 
   Tensor noise(pipeline::Components& comps, const pipeline::Plan& p) const override {
@@ -251,6 +247,9 @@ class KleinSpec final : public pipeline::GenerateSpec {
   }
 
  private:
+  bool klein_kv_rules() const {
+    return flux2_pipeline_rule(p_.class_name, p_.path) == Flux2References::kKleinKV;
+  }
   std::string encoder_dtype() const {
     return dtype_ == "f32" || dtype_ == "bf16" ? dtype_ : "auto";
   }
@@ -271,8 +270,7 @@ class KleinSpec final : public pipeline::GenerateSpec {
   }
   std::shared_ptr<const LoadedTransformer> transformer(pipeline::Components& comps) const {
     return comps.get<LoadedTransformer>("transformer", [&] {
-      return load_flux2_transformer(c_.transformer, dtype_,
-                                    p_.class_name == "Flux2KleinKVPipeline");
+      return load_flux2_transformer(c_.transformer, dtype_, klein_kv_rules());
     });
   }
 
