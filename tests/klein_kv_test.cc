@@ -7,7 +7,7 @@
 #include <cmath>
 
 #include "cost/cost_model.h"
-#include "families/flux2.h"
+#include "families/flux2/cost.h"
 #include "fixtures.h"
 #include "flowkv/error.h"
 #include "golden_util.h"

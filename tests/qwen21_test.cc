@@ -8,7 +8,7 @@
 #include "cache/hooks.h"
 #include "cache/kv_memory.h"
 #include "cost/cost_model.h"
-#include "families/qwen21_impl.h"
+#include "families/qwen21/impl.h"
 #include "fixtures.h"
 #include "flowkv/error.h"
 #include "flowkv/qwen_image.h"

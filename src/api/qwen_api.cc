@@ -1,7 +1,7 @@
 #include "flowkv/qwen_image.h"
 
-#include "families/flux2_impl.h"
-#include "families/qwen21_impl.h"
+#include "families/flux2/impl.h"
+#include "families/qwen21/impl.h"
 #include "flowkv/error.h"
 #include "models/qwen_image/builtin.h"
 

@@ -129,12 +129,12 @@ const Family& resolve(const std::string& model);
 // A config.json given as a file, or the one of a checkpoint folder (nullopt: none).
 std::optional<Json> config_of(const std::string& path);
 
-// FLUX.2 Klein's whole pipeline (families/flux2_generate.cc).
+// FLUX.2 Klein's whole pipeline (families/flux2/generate.cc).
 bool klein_runs_pipeline(const std::string& pipeline_class);
 void klein_check_pipeline(const PipelineFolder& p);
 std::shared_ptr<const pipeline::GenerateSpec> klein_open_pipeline(const PipelineFolder& p,
                                                                   const PipelineOptions& o);
-// Qwen-Image-2.1's whole pipeline (families/qwen21_generate.cc).
+// Qwen-Image-2.1's whole pipeline (families/qwen21/generate.cc).
 bool qwen21_runs_pipeline(const std::string& pipeline_class);
 void qwen21_check_pipeline(const PipelineFolder& p);
 std::shared_ptr<const pipeline::GenerateSpec> qwen21_open_pipeline(const PipelineFolder& p,

@@ -1,5 +1,5 @@
 // The token layout FLUX.2 Klein KV checkpoints are trained for, as cache rules see it. (Its
-// shape for the cost model is the family's: families/flux2.h.)
+// shape for the cost model is the family's: families/flux2/cost.h.)
 #pragma once
 
 #include <vector>

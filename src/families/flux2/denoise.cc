@@ -8,7 +8,7 @@
 #include "core/checked.h"
 #include "families/adapters.h"
 #include "families/family.h"
-#include "families/flux2.h"
+#include "families/flux2/cost.h"
 #include "flowkv/error.h"
 #include "models/flux2/layout.h"
 #include "models/flux2/model.h"

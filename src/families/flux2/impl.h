@@ -1,5 +1,5 @@
 // The public Flux2Transformer's implementation: a loaded flux2::Model plus its name. Here, below
-// the API, because the family wraps the handle (families/flux2.cc) and the API defines it.
+// the API, because the family wraps the handle (families/flux2/family.cc) and the API defines it.
 #pragma once
 
 #include "flowkv/flux2.h"

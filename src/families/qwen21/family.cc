@@ -1,10 +1,10 @@
 // Qwen-Image-2.1: diffusers QwenImage21Transformer2DModel. Its exact cache keeps the prefix
 // (condition images and text, block-causal) when the checkpoint has causal_condition.
-#include "families/qwen21.h"
+#include "families/qwen21/cost.h"
 #include "families/adapters.h"
 #include "families/family.h"
-#include "families/flux2_impl.h"
-#include "families/qwen21_impl.h"
+#include "families/flux2/impl.h"
+#include "families/qwen21/impl.h"
 #include "flowkv/error.h"
 #include "models/qwen_image/builtin.h"
 #include "models/qwen_image/config.h"

@@ -9,7 +9,7 @@
 #include "core/checked.h"
 #include "families/adapters.h"
 #include "families/family.h"
-#include "families/qwen21.h"
+#include "families/qwen21/cost.h"
 #include "flowkv/error.h"
 #include "models/qwen_image/model21.h"
 #include "pipeline/request_limits.h"

@@ -1,10 +1,10 @@
 // FLUX.2 (Klein 4B / 9B / 9B KV, dev): diffusers Flux2Transformer2DModel, or an original BFL
 // single file recognised by its tensors. Its exact cache keeps the Klein KV references.
-#include "families/flux2.h"
+#include "families/flux2/cost.h"
 #include <filesystem>
 #include "families/adapters.h"
 #include "families/family.h"
-#include "families/flux2_impl.h"
+#include "families/flux2/impl.h"
 #include "flowkv/error.h"
 #include "io/atomic_file.h"
 #include "io/mapped_file.h"
