@@ -11,8 +11,10 @@
 #include "flowkv/error.h"
 #include "flowkv/generate.h"
 #include "flowkv/image.h"
+#include "flowkv/io.h"
 #include "flowkv/pipeline.h"
 #include "golden_util.h"
+#include "temp_files.h"
 
 namespace flowkv {
 namespace {
@@ -210,6 +212,48 @@ TEST(PipelineApi, DefaultStepsAreThePipelineClasss) {
   const Pipeline p = Pipeline::open(klein_kv(), {.memory = MemoryPolicy::kStaged});
   const GenerateResult res = p.generate(r);
   EXPECT_NE(res.parameters.find("Steps: 4"), std::string::npos) << res.parameters;
+}
+
+// Components as CPU users download them: a GGUF transformer or text encoder inside the folder,
+// or given in place of the folder's.
+TEST(PipelineApi, GgufComponentsInTheFolderOrGivenInItsPlace) {
+  namespace fs = std::filesystem;
+  test::TempDir tmp;
+  const fs::path dir = tmp.path() / "pipeline";
+  fs::copy(klein_kv(), dir, fs::copy_options::recursive);
+  const std::string t_gguf = tmp.file("transformer-q8_0.gguf");
+  const std::string te_gguf = tmp.file("text-encoder-q8_0.gguf");
+  (void)quantize_checkpoint(klein_kv() + "/transformer", t_gguf, DType::kQ8_0);
+  (void)quantize_checkpoint(klein_kv() + "/text_encoder", te_gguf, DType::kQ8_0);
+  for (const char* name : {"transformer", "text_encoder"}) {
+    fs::remove_all(dir / name);
+    fs::create_directories(dir / name);
+  }
+  fs::copy_file(t_gguf, dir / "transformer" / "model-q8_0.gguf");
+  fs::copy_file(te_gguf, dir / "text_encoder" / "model-q8_0.gguf");
+
+  const GenerateResult in_folder = Pipeline::open(dir.string()).generate(klein_edit());
+  const GenerateResult given =
+      Pipeline::open(klein_kv(), {.transformer = t_gguf, .text_encoder = te_gguf})
+          .generate(klein_edit());
+  expect_same(in_folder, given, "GGUF in the folder vs given in its place");
+  // Q8_0 against the f32 weights: close, not equal (2 levels at most here).
+  const GenerateResult f32 = Pipeline::open(klein_kv()).generate(klein_edit());
+  ASSERT_EQ(f32.pixels.size(), given.pixels.size());
+  int worst = 0;
+  for (size_t i = 0; i < f32.pixels.size(); ++i)
+    worst = std::max(worst, std::abs(int(f32.pixels[i]) - int(given.pixels[i])));
+  EXPECT_LE(worst, 8);
+
+  // Two GGUF files and no config: which one is meant is not guessed.
+  fs::copy_file(t_gguf, dir / "transformer" / "other.gguf");
+  try {
+    (void)Pipeline::open(dir.string());
+    ADD_FAILURE() << "two GGUF files accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("2 GGUF files"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(Pipeline::open(klein_kv(), {.transformer = tmp.file("none.gguf")}), Error);
 }
 
 TEST(PipelineApi, OptionsAreChecked) {

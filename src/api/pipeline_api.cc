@@ -9,6 +9,8 @@
 #include "core/memory.h"
 #include "families/family.h"
 #include "flowkv/error.h"
+#include "io/checkpoint.h"
+#include "io/mapped_file.h"
 #include "io/pipeline_folder.h"
 #include "pipeline/generate.h"
 
@@ -101,10 +103,14 @@ Pipeline Pipeline::open(const std::string& dir, const PipelineOptions& options) 
   FLOWKV_CHECK(options.dtype == "auto" || options.dtype == "f32" || options.dtype == "bf16" ||
                    options.dtype == "int8",
                "dtype '", options.dtype, "': auto, f32, bf16 or int8");
-  FLOWKV_CHECK(options.transformer.empty() && options.text_encoder.empty(),
-               "a transformer or text encoder given in place of the pipeline folder's is not "
-               "supported yet: put it in the folder (",
-               folder.path, ")");
+  // Components given in place of the folder's: the spec reads them where the folder's were.
+  const std::pair<const char*, std::string> overrides[] = {{"transformer", options.transformer},
+                                                           {"text_encoder", options.text_encoder}};
+  for (const auto& [name, path] : overrides) {
+    if (path.empty()) continue;
+    FLOWKV_CHECK(path_exists(path), path, ": no such file or folder (given as the ", name, ")");
+    folder.components[name].path = path;
+  }
   auto impl = std::make_shared<Impl>();
   impl->folder = std::move(folder);
   impl->family = family;

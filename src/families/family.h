@@ -32,6 +32,7 @@ class GenerateSpec;
 }  // namespace flowkv::pipeline
 namespace flowkv::flux2 {
 class Model;
+struct Config;
 }
 namespace flowkv::qwen {
 class Model21;
@@ -129,6 +130,9 @@ const Family& resolve(const std::string& model);
 // A config.json given as a file, or the one of a checkpoint folder (nullopt: none).
 std::optional<Json> config_of(const std::string& path);
 
+// A FLUX.2 transformer's config: its config.json, a GGUF's flowkv metadata, or inferred from
+// the tensors of a config-less conversion.
+flux2::Config flux2_checkpoint_config(const std::string& path);
 // FLUX.2 Klein's whole pipeline (families/flux2/generate.cc).
 bool klein_runs_pipeline(const std::string& pipeline_class);
 void klein_check_pipeline(const PipelineFolder& p);

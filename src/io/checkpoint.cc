@@ -142,6 +142,23 @@ static CheckpointScan scan_checkpoint_unguarded(const std::string& path_in, bool
       path_exists((path / "transformer" / "config.json").string())) {
     path /= "transformer";
   }
+  // A component folder holding one GGUF file and no config.json (a quantized transformer or
+  // text encoder put in a pipeline folder): that file, its config from its metadata.
+  if (!path_exists((path / "config.json").string())) {
+    std::vector<std::string> ggufs;
+    std::error_code ec;
+    for (fs::directory_iterator it(path, ec), end; !ec && it != end; it.increment(ec)) {
+      if (it->path().extension() == ".gguf") ggufs.push_back(it->path().string());
+    }
+    std::sort(ggufs.begin(), ggufs.end());
+    if (ggufs.size() > 1) {
+      std::string names;
+      for (const std::string& g : ggufs) names += (names.empty() ? "" : ", ") + g;
+      fail(path.string(), ": no config.json and ", ggufs.size(),
+           " GGUF files (", names, "); keep one, or name the file");
+    }
+    if (ggufs.size() == 1) return scan_checkpoint_unguarded(ggufs[0], lenient);
+  }
   scan.path = path.string();
   const fs::path config = path / "config.json";
   FLOWKV_CHECK(path_exists(config.string()), path.string(),

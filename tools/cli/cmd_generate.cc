@@ -21,6 +21,7 @@ namespace {
 
 struct Opts {
   std::string model, negative, size, out = "out.png", dtype = "auto", memory;
+  std::string transformer, text_encoder;
   std::vector<std::string> prompts;
   std::string prompts_file, store_ram = "2G", store_disk;
   std::vector<std::string> refs, caches;
@@ -153,7 +154,10 @@ int run(Opts o) {
   const MemoryPolicy memory = !o.memory.empty()     ? parse_memory_policy(o.memory)
                               : o.prompts.size() > 1 ? MemoryPolicy::kAuto
                                                      : MemoryPolicy::kStaged;
-  const Pipeline pipeline = Pipeline::open(o.model, {.memory = memory, .dtype = o.dtype});
+  const Pipeline pipeline = Pipeline::open(o.model, {.memory = memory,
+                                                     .dtype = o.dtype,
+                                                     .transformer = o.transformer,
+                                                     .text_encoder = o.text_encoder});
   // Every request check that needs no weights (images, sizes, steps) runs before any loads.
   req.prompt = o.prompts.front();
   const PreparedRequest first = pipeline.prepare(req);
@@ -233,6 +237,13 @@ void add_generate(CLI::App& app) {
                   "denoising steps (default: the pipeline class's, as diffusers' __call__: "
                   "Flux2KleinKVPipeline 4, Flux2KleinPipeline 50, QwenImage21Pipeline 40)")
       ->check(CLI::Range(1, static_cast<int>(limits::kMaxSteps)));
+  cmd->add_option("--transformer", o->transformer,
+                  "a transformer in place of the folder's: a GGUF file (flowkv quantize writes "
+                  "one), a .safetensors file or a diffusers folder (stable-diffusion.cpp's "
+                  "--diffusion-model); a GGUF file inside transformer/ is read as well");
+  cmd->add_option("--text-encoder", o->text_encoder,
+                  "a text encoder in place of the folder's (GGUF, safetensors or folder; "
+                  "stable-diffusion.cpp's --llm)");
   cmd->add_option("--memory", o->memory,
                   "components between pictures: resident (loaded once, kept), staged (each stage "
                   "loads its component and releases it), auto (resident where the weights fit "

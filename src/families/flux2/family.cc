@@ -342,6 +342,11 @@ Flux2References references_of(const std::string& path) {
 
 }  // namespace
 
+flux2::Config flux2_checkpoint_config(const std::string& path) {
+  std::string name;
+  return config_of_model(path, &name);
+}
+
 Flux2References flux2_pipeline_rule(const std::string& pipeline_class, const std::string& where) {
   std::string known;
   for (const Released& r : kReleased) {

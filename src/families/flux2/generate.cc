@@ -19,6 +19,7 @@
 #include "flowkv/error.h"
 #include "flowkv/generate.h"
 #include "flowkv/model.h"
+#include "io/checkpoint.h"
 #include "io/image.h"
 #include "io/pipeline_folder.h"
 #include "models/flux2/config.h"
@@ -64,15 +65,20 @@ Components check_components(const PipelineFolder& p) {
   c.tokenizer = p.component("tokenizer").path;
   c.vae = p.component("vae").path;
   for (const std::string* d : {&c.transformer, &c.text_encoder, &c.vae}) {
-    FLOWKV_CHECK(path_exists(config_path(*d)), *d, ": missing (model_index.json names it, but ",
-                 config_path(*d), " does not exist)");
+    FLOWKV_CHECK(path_exists(*d), *d, ": missing (model_index.json names it)");
   }
   FLOWKV_CHECK(path_exists(c.tokenizer + "/tokenizer.json"), c.tokenizer,
                "/tokenizer.json: missing (the Qwen3 tokenizer of the pipeline)");
-  c.transformer_cfg = flux2::Config::from_json(read_json_file(config_path(c.transformer)),
-                                               config_path(c.transformer));
-  const qwen3::Config te = qwen3::Config::from_json(read_json_file(config_path(c.text_encoder)),
-                                                    config_path(c.text_encoder));
+  // The transformer and text encoder may be GGUF files (in their folder, or given in place of
+  // it): their configs come from the files' metadata then.
+  c.transformer_cfg = flux2_checkpoint_config(c.transformer);
+  const CheckpointScan te_scan = scan_checkpoint(c.text_encoder);
+  FLOWKV_CHECK(te_scan.config, te_scan.path,
+               ": the text encoder's config is missing (no config.json, and a GGUF file carries "
+               "it only when flowkv quantize wrote it)");
+  const qwen3::Config te = qwen3::Config::from_json(*te_scan.config, te_scan.path);
+  FLOWKV_CHECK(path_exists(config_path(c.vae)), c.vae, ": missing (model_index.json names it, but ",
+               config_path(c.vae), " does not exist)");
   c.vae_cfg = flux2_vae::Config::from_json(read_json_file(config_path(c.vae)), config_path(c.vae));
   const int64_t stacked = 3 * te.hidden_size;  // hidden states 9, 18, 27 side by side
   FLOWKV_CHECK(stacked == c.transformer_cfg.joint_attention_dim, p.path,

@@ -67,7 +67,8 @@ Components check_components(const PipelineFolder& p) {
   c.text_encoder = p.component("text_encoder").path;
   c.processor = p.component("processor").path;
   c.vae = p.component("vae").path;
-  for (const std::string* d : {&c.transformer, &c.text_encoder, &c.vae}) {
+  FLOWKV_CHECK(path_exists(c.transformer), c.transformer, ": missing (model_index.json names it)");
+  for (const std::string* d : {&c.text_encoder, &c.vae}) {
     FLOWKV_CHECK(path_exists(config_path(*d)), *d, ": missing (model_index.json names it, but ",
                  config_path(*d), " does not exist)");
   }
@@ -75,8 +76,11 @@ Components check_components(const PipelineFolder& p) {
     FLOWKV_CHECK(path_exists(c.processor + f), c.processor, f,
                  ": missing (the Qwen3-VL processor of the pipeline)");
   }
-  c.transformer_cfg = qwen::Config21::from_json(read_json_file(config_path(c.transformer)),
-                                                config_path(c.transformer));
+  // The transformer may be a GGUF file (in its folder, or given in place of it): its config
+  // from the file's metadata, or inferred from the tensors of a config-less conversion.
+  const CheckpointScan ts = scan_checkpoint(c.transformer);
+  c.transformer_cfg =
+      ts.config ? qwen::Config21::from_json(*ts.config, ts.path) : qwen::config21_of(ts);
   const qwen3_vl::EncoderShape te = qwen3_vl::encoder_shape(c.text_encoder, c.processor);
   c.vae_cfg = qwen21_vae::Config::from_json(read_json_file(config_path(c.vae)), config_path(c.vae));
   const qwen::Config21& t = c.transformer_cfg;
