@@ -79,38 +79,46 @@ TEST(SchedulerGolden, MatchesDiffusersBitForBit) {
   EXPECT_GE(compared, 40);
 }
 
+void expect_same(const sched::FlowMatchConfig& a, const sched::FlowMatchConfig& b) {
+  EXPECT_EQ(a.num_train_timesteps, b.num_train_timesteps);
+  EXPECT_EQ(a.shift, b.shift);
+  EXPECT_EQ(a.use_dynamic_shifting, b.use_dynamic_shifting);
+  EXPECT_EQ(a.exponential_shift, b.exponential_shift);
+  EXPECT_EQ(a.base_shift, b.base_shift);
+  EXPECT_EQ(a.max_shift, b.max_shift);
+  EXPECT_EQ(a.base_image_seq_len, b.base_image_seq_len);
+  EXPECT_EQ(a.max_image_seq_len, b.max_image_seq_len);
+  EXPECT_EQ(a.shift_terminal, b.shift_terminal);
+  EXPECT_EQ(a.invert_sigmas, b.invert_sigmas);
+  EXPECT_EQ(a.spacing, b.spacing);
+  EXPECT_EQ(a.sigma_min, b.sigma_min);
+  EXPECT_EQ(a.sigma_max, b.sigma_max);
+}
+
 // The hard-coded defaults (models loaded outside a pipeline folder) are the released configs,
-// as their JSON reads.
+// as their JSON reads: the dump's copies, and the scheduler folders diffusers saved for the
+// pipeline goldens (every field written out).
 TEST(SchedulerConfig, DefaultsAreTheReleasedConfigs) {
-  auto same = [](const sched::FlowMatchConfig& a, const sched::FlowMatchConfig& b) {
-    EXPECT_EQ(a.num_train_timesteps, b.num_train_timesteps);
-    EXPECT_EQ(a.shift, b.shift);
-    EXPECT_EQ(a.use_dynamic_shifting, b.use_dynamic_shifting);
-    EXPECT_EQ(a.exponential_shift, b.exponential_shift);
-    EXPECT_EQ(a.base_shift, b.base_shift);
-    EXPECT_EQ(a.max_shift, b.max_shift);
-    EXPECT_EQ(a.base_image_seq_len, b.base_image_seq_len);
-    EXPECT_EQ(a.max_image_seq_len, b.max_image_seq_len);
-    EXPECT_EQ(a.shift_terminal, b.shift_terminal);
-    EXPECT_EQ(a.invert_sigmas, b.invert_sigmas);
-    EXPECT_EQ(a.spacing, b.spacing);
-    EXPECT_EQ(a.sigma_min, b.sigma_min);
-    EXPECT_EQ(a.sigma_max, b.sigma_max);
-  };
   for (const Json& c : golden_cases()) {
     const std::string name = c.at("name").get<std::string>();
     SCOPED_TRACE(name);
     if (name == "klein_4_steps_seq4096") {
-      same(sched::scheduler_config_from_json(c.at("config"), name),
-           sched::flux2_scheduler_config());
+      expect_same(sched::scheduler_config_from_json(c.at("config"), name),
+                  sched::flux2_scheduler_config());
     }
     if (name == "qwen21_28_steps_seq4096") {
-      same(sched::scheduler_config_from_json(c.at("config"), name),
-           sched::qwen_image_scheduler_config());
+      expect_same(sched::scheduler_config_from_json(c.at("config"), name),
+                  sched::qwen_image_scheduler_config());
     }
   }
+  for (const char* dir : {"klein_pipeline/base", "klein_pipeline/kv"}) {
+    expect_same(sched::read_scheduler_config(test::golden(dir) + "/pipeline/scheduler"),
+                sched::flux2_scheduler_config());
+  }
+  expect_same(sched::read_scheduler_config(test::golden("qwen21_pipeline/pipeline/scheduler")),
+              sched::qwen_image_scheduler_config());
   // A config without fields is the class's defaults.
-  same(sched::scheduler_config_from_json(Json::object(), "empty"), sched::FlowMatchConfig{});
+  expect_same(sched::scheduler_config_from_json(Json::object(), "empty"), sched::FlowMatchConfig{});
 }
 
 TEST(SchedulerConfig, ReadsTheFolderFile) {
