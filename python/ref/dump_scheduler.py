@@ -9,9 +9,14 @@ hex of their bits, which is exact. The sigmas passed and mu are written with rep
 round-trip), so the C++ side parses the same doubles.
 Writes tests/golden/scheduler/cases.json.
     python dump_scheduler.py [OUT_DIR]
+With --sweep COUNT, writes OUT_DIR/sweep.json instead (not committed): COUNT seeded random
+configs, step counts (1-150), mus and sigma grids, for
+    FLOWKV_SCHEDULER_SWEEP=OUT_DIR/sweep.json build/tests/scheduler_test
+    python dump_scheduler.py --sweep 1500 /tmp/sched_sweep
 """
 import json
 import os
+import random
 import sys
 
 import numpy as np
@@ -27,8 +32,12 @@ from diffusers.pipelines.qwenimage21.pipeline_qwenimage21 import calculate_shift
 
 check_pins()
 setup_determinism()
-out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(
-    os.path.dirname(os.path.abspath(__file__)), "../../tests/golden/scheduler")
+args = sys.argv[1:]
+sweep = 0
+if args[:1] == ["--sweep"]:
+    sweep, args = int(args[1]), args[2:]
+    assert args, "--sweep COUNT needs OUT_DIR"
+out = args[0] if args else os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../tests/golden/scheduler")
 os.makedirs(out, exist_ok=True)
 
 # FLUX.1-dev's scheduler config, which the FLUX.2 Klein pipelines load (spec flux2-klein-kv.md).
@@ -87,6 +96,49 @@ def case(name, config, steps, *, mu_from=None, mu=None, sigmas=None):
     return c
 
 
+def random_cases(count):
+    """Seeded random configs around Klein's: spacing, static shift, shift_terminal, linear shift,
+    invert_sigmas, num_train_timesteps, linspace or random sigma grids. Cases diffusers refuses
+    (log of 0) are left out; its NaN cases are kept (flowkv must refuse those)."""
+    rng = random.Random(1)
+    cases = []
+    for i in range(count):
+        cfg = dict(KLEIN)
+        n = rng.randint(1, 150)
+        kind = rng.choice(["none", "none", "karras", "exponential", "beta"])
+        if kind != "none":
+            cfg[f"use_{kind}_sigmas"] = True
+        if rng.random() < 0.3:
+            cfg["use_dynamic_shifting"] = False
+            cfg["shift"] = round(rng.uniform(0.5, 8), rng.randint(1, 12))
+        if rng.random() < 0.3:
+            cfg["shift_terminal"] = round(rng.uniform(0.001, 0.5), rng.randint(1, 10))
+        if rng.random() < 0.2:
+            cfg["time_shift_type"] = "linear"
+        if rng.random() < 0.1:
+            cfg["invert_sigmas"] = True
+        if rng.random() < 0.1:
+            cfg["num_train_timesteps"] = rng.randint(1, 5000)
+        if kind != "none" and rng.random() < 0.1:
+            cfg["sigma_min"], cfg["sigma_max"] = sorted([round(rng.uniform(0.001, 1), 6) for _ in range(2)])
+        mu = rng.uniform(-1, 3) if cfg.get("time_shift_type") != "linear" else rng.uniform(0.1, 3)
+        if rng.random() < 0.5:
+            sig = np.linspace(1.0, 1 / n, n)
+        else:
+            sig = sorted([rng.uniform(0.01, 1) for _ in range(n)], reverse=True)
+        try:
+            cases.append(case(f"sweep{i}", cfg, n, mu=mu, sigmas=sig))
+        except ValueError:  # math.log(0)
+            pass
+    return cases
+
+
+if sweep:
+    cases = random_cases(sweep)
+    json.dump({"cases": cases}, open(os.path.join(out, "sweep.json"), "w"), allow_nan=False)
+    print(len(cases), "cases ->", os.path.join(out, "sweep.json"))
+    sys.exit(0)
+
 cases = []
 for steps, seq in [(4, 4096), (1, 4096), (28, 1024), (50, 6000)]:  # 6000 > 4300: the other fit
     cases.append(case(f"klein_{steps}_steps_seq{seq}", KLEIN, steps, mu_from="klein", mu=seq))
@@ -128,6 +180,10 @@ cases.append(case("beta_median_tie_3_steps", with_(KLEIN, use_beta_sigmas=True, 
 for kind in ["karras", "exponential", "beta"]:
     cases.append(case(f"{kind}_sigma_min_max", with_(KLEIN, sigma_min=0.0625, sigma_max=0.9,
                                                     **{f"use_{kind}_sigmas": True}), 12, mu_from="klein", mu=4096))
+# One step with shift_terminal gives NaN stretched sigmas, which karras over a configured
+# sigma_min and sigma_max never reads: diffusers' schedule is finite, and flowkv's must be too.
+cases.append(case("karras_1_step_shift_terminal_sigma_range",
+                  with_(QWEN, use_karras_sigmas=True, sigma_min=0.3, sigma_max=0.7), 1, mu_from="qwen", mu=1024))
 cases.append(case("karras_sigma_min_only", with_(KLEIN, sigma_min=0.03, use_karras_sigmas=True), 10,
                   mu_from="klein", mu=1024))
 names = [c["name"] for c in cases]

@@ -135,16 +135,22 @@ Schedule set_timesteps(const FlowMatchConfig& cfg, const std::vector<double>& si
   shift_sigmas(cfg, mu, s);
   // 3. stretch_shift_to_terminal: (1 - s[-1]) / (1 - shift_terminal) in float32 (the Python
   // float difference rounded once).
+  const bool respaced = cfg.spacing != SigmaSpacing::kShifted;
   if (cfg.shift_terminal != 0) {
     const float last = 1.0f - s.back();
-    FLOWKV_CHECK(last != 0, "scheduler: shift_terminal ", cfg.shift_terminal,
-                 " cannot stretch a schedule whose last shifted sigma is 1 (",
-                 sigmas_in.size() == 1 ? "a single step" : "sigmas ending at 1",
-                 "): diffusers divides 0 by 0 there and its sigmas are NaN");
-    const float scale = last / static_cast<float>(1.0 - cfg.shift_terminal);
-    for (float& v : s) v = 1.0f - (1.0f - v) / scale;
+    if (last == 0) {
+      // diffusers divides by 0 here: its stretched sigmas are NaN (and -inf), which only a
+      // respacing over a configured sigma_min and sigma_max leaves unread.
+      FLOWKV_CHECK(respaced && cfg.sigma_min && cfg.sigma_max, "scheduler: shift_terminal ",
+                   cfg.shift_terminal, " cannot stretch a schedule whose last shifted sigma is 1 (",
+                   sigmas_in.size() == 1 ? "a single step" : "sigmas ending at 1",
+                   "): diffusers divides 0 by 0 there and its sigmas are NaN");
+    } else {
+      const float scale = last / static_cast<float>(1.0 - cfg.shift_terminal);
+      for (float& v : s) v = 1.0f - (1.0f - v) / scale;
+    }
   }
-  if (cfg.spacing != SigmaSpacing::kShifted) {
+  if (respaced) {
     const std::vector<double> d = respace(cfg, s);
     for (size_t i = 0; i < s.size(); ++i) s[i] = static_cast<float>(d[i]);
   }
@@ -152,6 +158,10 @@ Schedule set_timesteps(const FlowMatchConfig& cfg, const std::vector<double>& si
   // invert_sigmas; then the terminal sigma.
   if (cfg.invert_sigmas) {
     for (float& v : s) v = 1.0f - v;
+  }
+  for (size_t i = 0; i < s.size(); ++i) {
+    FLOWKV_CHECK(std::isfinite(s[i]), "scheduler: sigma ", i, " of the schedule is ", s[i],
+                 " (diffusers computes the same from these sigmas and this config)");
   }
   Schedule out;
   const float n_train = static_cast<float>(cfg.num_train_timesteps);

@@ -61,8 +61,8 @@ struct Schedule {
 // to float32; shifted (exponential or linear with mu under dynamic shifting, else by `shift`);
 // stretched to shift_terminal; respaced (karras, exponential, beta: in float64, then float32);
 // timesteps sigma * num_train_timesteps; inverted with invert_sigmas; the final sigma appended.
-// An Error for what diffusers would turn into NaN or a Python exception (no mu under dynamic
-// shifting, shift_terminal with a last shifted sigma of 1, a log of a sigma <= 0).
+// An Error for what diffusers would turn into NaN, inf or a Python exception (no mu under
+// dynamic shifting, shift_terminal with a last shifted sigma of 1, a log of a sigma <= 0).
 Schedule set_timesteps(const FlowMatchConfig& cfg, const std::vector<double>& sigmas,
                        std::optional<double> mu);
 
