@@ -16,6 +16,7 @@
 #include "models/common/random_weights.h"
 #include "models/qwen_image/builtin.h"
 #include "models/qwen_image/model21.h"
+#include "sched/scheduler_config.h"
 #include "segments/layout.h"
 
 namespace flowkv {
@@ -63,12 +64,9 @@ void run_pipeline_case(const std::string& name, bool cfg) {
   r.in.height = target.h;
   r.in.width = target.w;
   r.in.noise = in.at("latents");
-  const auto cfg_json = meta.at("scheduler_config");
-  sched::FlowMatchConfig scheduler = sched::qwen_image_scheduler_config();
-  scheduler.use_dynamic_shifting = cfg_json.at("use_dynamic_shifting").get<bool>();
-  scheduler.shift = cfg_json.at("shift").get<double>();
-  scheduler.shift_terminal =
-      cfg_json.at("shift_terminal").is_null() ? 0.0 : cfg_json.at("shift_terminal").get<double>();
+  // The pipeline's scheduler config, every field, read as a folder's scheduler_config.json.
+  const sched::FlowMatchConfig scheduler =
+      sched::scheduler_config_from_json(meta.at("scheduler_config"), name + "/meta.json");
   r.opts.sigmas = meta.at("sigmas_passed").get<std::vector<double>>();
   r.opts.steps = static_cast<int>(r.opts.sigmas.size());
   std::map<std::string, Tensor> got;
