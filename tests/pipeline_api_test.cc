@@ -14,6 +14,8 @@
 #include "flowkv/io.h"
 #include "flowkv/pipeline.h"
 #include "golden_util.h"
+#include "io/image.h"
+#include "io/json.h"
 #include "temp_files.h"
 
 namespace flowkv {
@@ -254,6 +256,65 @@ TEST(PipelineApi, GgufComponentsInTheFolderOrGivenInItsPlace) {
     EXPECT_NE(std::string(e.what()).find("2 GGUF files"), std::string::npos) << e.what();
   }
   EXPECT_THROW(Pipeline::open(klein_kv(), {.transformer = tmp.file("none.gguf")}), Error);
+}
+
+// The folder's scheduler/scheduler_config.json decides the schedule: diffusers' pictures of the
+// tiny pipelines under other configs (python/ref/dump_scheduler_pipelines.py), within +-1.
+TEST(PipelineApi, TheFoldersSchedulerConfigIsHonoured) {
+  namespace fs = std::filesystem;
+  const std::string root = golden("scheduler_pipelines");
+  int cases = 0;
+  for (const auto& entry : fs::directory_iterator(root)) {
+    const std::string dir = entry.path().string();
+    const Json meta = read_json_file(dir + "/meta.json");
+    test::TempDir tmp;
+    const fs::path pipe = tmp.path() / "pipeline";
+    fs::copy(golden(meta["pipeline"].get<std::string>()), pipe, fs::copy_options::recursive);
+    fs::copy_file(dir + "/scheduler_config.json", pipe / "scheduler" / "scheduler_config.json",
+                  fs::copy_options::overwrite_existing);
+    const Json& q = meta["request"];
+    GenerateRequest r;
+    r.prompt = q["prompt"].get<std::string>();
+    for (const Json& ref : q["references"]) r.references.push_back(golden(ref.get<std::string>()));
+    r.steps = q["steps"].get<int>();
+    r.seed = q["seed"].get<uint64_t>();
+    if (q.contains("width"))
+      r.width = q["width"].get<int64_t>(), r.height = q["height"].get<int64_t>();
+    if (q.contains("negative_prompt")) {
+      r.negative_prompt = q["negative_prompt"].get<std::string>();
+      r.has_negative_prompt = true;
+      r.cfg_scale = q["true_cfg_scale"].get<float>();
+      r.resolution = q["output_resolution"].get<int64_t>();
+    }
+    const GenerateResult got = Pipeline::open(pipe.string()).generate(r);
+    const Image want =
+        load_image(dir + "/output.png", got.channels == 4 ? PixelFormat::kRGBA : PixelFormat::kRGB);
+    ASSERT_EQ(got.width, want.width) << dir;
+    ASSERT_EQ(got.height, want.height) << dir;
+    const test::PixelDiff d = test::diff_pixels(got.pixels, want.pixels);
+    EXPECT_LE(d.worst, 1) << dir << ": " << d.differ << " values differ";
+    ++cases;
+  }
+  EXPECT_EQ(cases, 5);
+}
+
+// A scheduler config flowkv does not run is refused by name when the pipeline opens.
+TEST(PipelineApi, AnUnsupportedSchedulerConfigIsRefusedByName) {
+  namespace fs = std::filesystem;
+  test::TempDir tmp;
+  const fs::path pipe = tmp.path() / "pipeline";
+  fs::copy(klein_kv(), pipe, fs::copy_options::recursive);
+  Json cfg = read_json_file((pipe / "scheduler" / "scheduler_config.json").string());
+  cfg["stochastic_sampling"] = true;
+  std::ofstream((pipe / "scheduler" / "scheduler_config.json").string()) << cfg.dump();
+  try {
+    (void)Pipeline::open(pipe.string());
+    ADD_FAILURE() << "stochastic_sampling accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("stochastic_sampling"), std::string::npos) << e.what();
+  }
+  fs::remove(pipe / "scheduler" / "scheduler_config.json");
+  EXPECT_THROW(Pipeline::open(pipe.string()), Error);  // named by model_index.json, missing
 }
 
 TEST(PipelineApi, OptionsAreChecked) {

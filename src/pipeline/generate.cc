@@ -9,6 +9,7 @@
 #include "pipeline/denoise_stage.h"
 #include "pipeline/identity.h"
 #include "pipeline/request_store.h"
+#include "sched/scheduler_config.h"
 
 namespace flowkv::pipeline {
 
@@ -64,6 +65,18 @@ PipelineStats ComponentStore::stats() const {
     s.resident_components += slot->value != nullptr;
   }
   return s;
+}
+
+// --- the folder
+
+std::optional<sched::FlowMatchConfig> pipeline_scheduler(const PipelineFolder& folder) {
+  const auto it = folder.components.find("scheduler");
+  if (it == folder.components.end()) return std::nullopt;
+  const PipelineComponent& c = it->second;
+  FLOWKV_CHECK(c.class_name == "FlowMatchEulerDiscreteScheduler", folder.path,
+               "/model_index.json: scheduler ", c.class_name,
+               " is not one flowkv runs (FlowMatchEulerDiscreteScheduler)");
+  return sched::read_scheduler_config(c.path);
 }
 
 // --- prepare

@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,8 @@
 #include "flowkv/model.h"
 #include "flowkv/pipeline.h"
 #include "io/image.h"
+#include "io/pipeline_folder.h"
+#include "sched/flow_match.h"
 #include "pipeline/stages.h"
 
 namespace flowkv::pipeline {
@@ -141,6 +144,10 @@ class GenerateSpec {
   virtual std::string parameters_after_sampler(const Plan&) const { return ""; }
   virtual std::string parameters_after_model(const Plan&) const = 0;
 };
+
+// The folder's scheduler (model_index.json's "scheduler": scheduler/scheduler_config.json, read
+// or refused by name); nullopt when the folder names none (the family's default then).
+std::optional<sched::FlowMatchConfig> pipeline_scheduler(const PipelineFolder& folder);
 
 // Decodes the request's images (files, then in-memory ones) and lets the spec plan it.
 Plan prepare(const GenerateSpec& spec, const GenerateRequest& request, int default_steps);

@@ -242,7 +242,7 @@ class KleinSpec final : public pipeline::GenerateSpec {
   }
   DenoiseResult denoise(pipeline::Components& comps, const DenoiseInputs& in,
                         const DenoiseOptions& o) const override {
-    return run_family_denoise(*transformer(comps), in, o, std::nullopt);
+    return run_family_denoise(*transformer(comps), in, o, scheduler_);
   }
   Image decode(pipeline::Components& comps, const pipeline::Plan& p, const Tensor& latents,
                bool tiled) const override {
@@ -283,6 +283,7 @@ class KleinSpec final : public pipeline::GenerateSpec {
   const PipelineFolder p_;
   const Components c_;
   const std::string dtype_;
+  const std::optional<sched::FlowMatchConfig> scheduler_ = pipeline::pipeline_scheduler(p_);
   const text::Tokenizer tokenizer_;
 };
 
