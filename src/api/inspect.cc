@@ -123,7 +123,9 @@ void inspect_pipeline(const PipelineFolder& p, InspectReport& r) {
   for (const families::Family& f : families::registry()) {
     if (!f.runs_pipeline || !f.runs_pipeline(p.class_name)) continue;
     try {
-      if (f.check_pipeline) f.check_pipeline(p);
+      // What opening it for generate checks: components present and fitting, tokenizer /
+      // processor, the scheduler config; no weights.
+      (void)f.open_pipeline(p, {});
     } catch (const Error& e) {
       r.problems.push_back(e.what());
     }

@@ -111,9 +111,6 @@ struct Family {
   std::function<std::shared_ptr<const pipeline::GenerateSpec>(const PipelineFolder& pipeline,
                                                               const PipelineOptions& options)>
       open_pipeline;
-  // Optional: checks a pipeline folder's components fit together before anything loads (a
-  // flowkv::Error naming the mismatch); inspect reports it, open_pipeline refuses with it.
-  std::function<void(const PipelineFolder& pipeline)> check_pipeline;
 };
 
 // Every family, in registration order (families.cc holds the one list).
@@ -135,12 +132,10 @@ std::optional<Json> config_of(const std::string& path);
 flux2::Config flux2_checkpoint_config(const std::string& path);
 // FLUX.2 Klein's whole pipeline (families/flux2/generate.cc).
 bool klein_runs_pipeline(const std::string& pipeline_class);
-void klein_check_pipeline(const PipelineFolder& p);
 std::shared_ptr<const pipeline::GenerateSpec> klein_open_pipeline(const PipelineFolder& p,
                                                                   const PipelineOptions& o);
 // Qwen-Image-2.1's whole pipeline (families/qwen21/generate.cc).
 bool qwen21_runs_pipeline(const std::string& pipeline_class);
-void qwen21_check_pipeline(const PipelineFolder& p);
 std::shared_ptr<const pipeline::GenerateSpec> qwen21_open_pipeline(const PipelineFolder& p,
                                                                    const PipelineOptions& o);
 // A released-shape Qwen-Image-2.1 pipeline of zero weights: the transformer, Qwen3-VL-8B, the

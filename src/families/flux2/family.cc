@@ -426,7 +426,6 @@ Family flux2_family() {
   f.layout = layout_of;
   f.tables = flux1_tables();
   f.runs_pipeline = klein_runs_pipeline;
-  f.check_pipeline = klein_check_pipeline;
   f.open_pipeline = klein_open_pipeline;
   return f;
 }

@@ -287,7 +287,6 @@ Family qwen21_family() {
   f.layout = layout_of;
   f.tables = flux1_tables();
   f.runs_pipeline = qwen21_runs_pipeline;
-  f.check_pipeline = qwen21_check_pipeline;
   f.open_pipeline = qwen21_open_pipeline;
   return f;
 }

@@ -403,10 +403,6 @@ void qwen21_write_zero_pipeline(const qwen::Config21& transformer, DType dtype,
   write_file_atomic((d / "model_index.json").string(), index.dump(2));
 }
 
-void qwen21_check_pipeline(const PipelineFolder& p) {
-  (void)check_components(p);
-}
-
 bool qwen21_runs_pipeline(const std::string& pipeline_class) {
   return pipeline_class == "QwenImage21Pipeline";
 }
