@@ -29,7 +29,7 @@ exclude+='|_NOT_BUILT$'
 if [[ ${FLOWKV_SANITIZE_CLI:-0} == 1 ]]; then
   build_target=(all)
 else
-  exclude+='|^cli\.|^server\.openai_clients$'
+  exclude+='|^cli\.|^server\.(openai_clients|resident_pipeline)$'
 fi
 # The slow suites (seconds under ASan + UBSan, 2 cores): every step cache policy composed with
 # Qwen-Image-2.1's prefix cache (44), request isolation (21), and the per-family denoise tests

@@ -13,5 +13,5 @@ if [[ ! -f build/build.ninja ]]; then
 fi
 cmake --build build
 # The server tests' clients (the openai package, Pillow; pinned in python/clients/requirements.txt).
-# Without PyPI the test server.openai_clients is skipped, not failed.
-python/clients/setup_venv.sh || echo "setup.sh: python/clients/.venv not created; server.openai_clients will be skipped"
+# Without PyPI the tests server.openai_clients and server.resident_pipeline are skipped, not failed.
+python/clients/setup_venv.sh || echo "setup.sh: python/clients/.venv not created; the server.* client tests will be skipped"

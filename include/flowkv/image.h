@@ -35,4 +35,10 @@ Image load_image(const std::string& path, PixelFormat format = PixelFormat::kRGB
 // `parameters`, when not empty, goes into a "parameters" text chunk.
 void save_png(const std::string& path, const Image& image, const std::string& parameters = "");
 
+// The same PNG as save_png writes, in memory (a server's response, a test's decode round trip):
+// `parameters`, when not empty, goes into a "parameters" text chunk (tEXt when it is ASCII, else
+// UTF-8 iTXt, as PIL's PngInfo.add_text writes it), where A1111-style tools and PIL's
+// Image.info["parameters"] find it. A flowkv::Error for a bad image or text.
+std::string encode_png(const Image& image, const std::string& parameters = "");
+
 }  // namespace flowkv

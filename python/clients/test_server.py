@@ -54,11 +54,12 @@ def log(*a):
 class Server:
     """A `flowkv serve` child process on a free port."""
 
-    def __init__(self, model, *extra):
+    def __init__(self, model, *extra, env=None):
         self.log_path = Path(TMP) / f"serve-{time.monotonic_ns()}.log"
         self.log_file = open(self.log_path, "w")
         cmd = [ARGS.flowkv, "serve", "--model", str(model), "--port", "0", *extra]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log_file, text=True)
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log_file, text=True,
+                                     env=env)
         line = self.proc.stdout.readline()
         m = re.match(r"listening on (http://[\d.]+:(\d+))", line)
         assert m, f"serve's first line: {line!r}; log:\n{self.log()}"
@@ -390,7 +391,9 @@ def test_refused_fields(a):
                          ({"size": "12x"}, "size"), ({"size": "99999x99999"}, "size"),
                          ({"n": 0}, "n"), ({"steps": 100000}, "steps"),
                          ({"quality": "high"}, "quality"), ({"bogus": 1}, "bogus"),
-                         ({"model": "dall-e-3"}, "model")]:
+                         ({"model": "dall-e-3"}, "model"),
+                         # One compute type per server (--dtype, here auto).
+                         ({"dtype": "f32"}, "dtype")]:
         body = {"prompt": PROMPT, **extra}
         code, out = curl("-H", "Content-Type: application/json", "--data-binary",
                          json.dumps(body), a.url + "/v1/images/generations")

@@ -24,7 +24,7 @@ namespace flowkv {
 // Refuses an image size that is empty or beyond limits::kMaxImageSide / kMaxImagePixels.
 void check_image_size(int64_t width, int64_t height, const std::string& what);
 
-// The Image type, load_image and save_png are public: flowkv/image.h.
+// The Image type, load_image, save_png and encode_png are public: flowkv/image.h.
 
 // Decodes bytes in memory; `what` names the source in errors. `max_pixels` (at most the limit)
 // lets a caller bound the work further (the fuzz targets: a small file may claim, and cost the
@@ -33,10 +33,6 @@ Image decode_image(const uint8_t* data, size_t size, const std::string& what,
                    int64_t max_pixels = limits::kMaxImagePixels,
                    PixelFormat format = PixelFormat::kRGB);
 
-// PNG bytes of an RGB or RGBA image; `parameters`, when not empty, goes into a text chunk of that
-// name (tEXt when it is ASCII, else UTF-8 iTXt, as PIL's PngInfo.add_text writes it), where
-// A1111-style tools and PIL's Image.info["parameters"] find it.
-std::string encode_png(const Image& image, const std::string& parameters = "");
 // The "parameters" text of a PNG file ("" when absent).
 std::string read_png_parameters(const std::string& path);
 

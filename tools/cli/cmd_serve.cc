@@ -6,6 +6,7 @@
 #include "commands.h"
 #include "flowkv/error.h"
 #include "flowkv/limits.h"
+#include "flowkv/pipeline.h"
 #include "measure.h"
 #include "server.h"
 
@@ -15,7 +16,7 @@ namespace {
 
 struct ServeArgs {
   server::ServeOptions o;
-  std::string store_ram = "2G", max_body = "64M", memory_budget;
+  std::string store_ram = "2G", max_body = "64M", memory_budget, memory = "resident";
 };
 
 }  // namespace
@@ -25,11 +26,26 @@ void add_serve(CLI::App& app) {
       "serve",
       "Serve a diffusers pipeline folder over HTTP with OpenAI's images API\n"
       "(POST /v1/images/generations, POST /v1/images/edits, streaming with server-sent events)\n"
-      "plus GET /health, /v1/models and /metrics (Prometheus). Prints \"listening on URL\" as\n"
-      "its first line; SIGTERM or SIGINT stop it gracefully. See docs/serving.md.");
+      "plus GET /health, /v1/models and /metrics (Prometheus). The folder is opened once; with\n"
+      "--memory resident (the default) its components load on the first request and stay\n"
+      "loaded for every later one. Nothing is written to disk per request. Prints\n"
+      "\"listening on URL\" as its first line; SIGTERM or SIGINT stop it gracefully. See\n"
+      "docs/serving.md.");
   auto* a = new ServeArgs;
   server::ServeOptions& o = a->o;
   cmd->add_option("--model", o.model, "pipeline folder")->required();
+  cmd->add_option("--memory", a->memory,
+                  "the pipeline's components between requests: resident (loaded on first use and "
+                  "kept for every later request), staged (each stage loads its component and "
+                  "releases it: every request loads the weights again, peak memory the largest "
+                  "stage), auto (resident when the weights fit 3/4 of the machine's memory)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"resident", "staged", "auto"}));
+  cmd->add_option("--dtype", o.dtype,
+                  "the transformer's compute type for every request (a request may leave dtype "
+                  "out or repeat it)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "f32", "bf16", "int8"}));
   cmd->add_option("--model-id", o.model_id,
                   "the model's id in /v1/models and requests (default: the folder's name)");
   cmd->add_option("--host", o.host, "address to listen on")->capture_default_str();
@@ -77,6 +93,7 @@ void add_serve(CLI::App& app) {
                   "(default: no admission by memory)");
   cmd->callback([a] {
     std::exit(guarded([&] {
+      a->o.memory = parse_memory_policy(a->memory);
       a->o.store_ram = parse_bytes(a->store_ram, "--store-ram");
       a->o.max_body = parse_bytes(a->max_body, "--max-body");
       FLOWKV_CHECK(a->o.max_body >= 1024, "--max-body must be at least 1K");

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "flowkv/pipeline.h"
 #include "request.h"
 
 namespace flowkv::server {
@@ -12,6 +13,11 @@ namespace flowkv::server {
 struct ServeOptions {
   std::string model;     // the pipeline folder
   std::string model_id;  // the id /v1/models lists; "": the folder's name
+  // The pipeline opened once at start: resident keeps the text encoder, VAE and transformer
+  // loaded after first use (a server's default); staged loads each per request and releases
+  // it (peak memory: the largest stage); auto picks by the memory the weights take.
+  MemoryPolicy memory = MemoryPolicy::kResident;
+  std::string dtype = "auto";  // the transformer's compute type, fixed for the server
   std::string host = "127.0.0.1";
   int port = 8080;  // 0: any free port (the first stdout line says which)
   int workers = 1;  // requests generating at once

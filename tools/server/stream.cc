@@ -1,0 +1,163 @@
+// The connection side of flowkv serve (state.h): finding a request's socket to notice a client
+// that leaves, and streaming a request's progress, partial images and pictures as server-sent
+// events (OpenAI's image_generation.* / image_edit.* events, plus flowkv.progress).
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+
+#include "state.h"
+
+namespace flowkv::server {
+
+// ---- the connection's socket
+// httplib 0.11.4 gives a handler no way to learn that its client left (is_connection_closed
+// came in later versions), so a request finds its connection's socket among the process's
+// descriptors by its address pair and polls it: the peer's FIN or RST shows as POLLRDHUP /
+// POLLHUP / a zero-byte peek. A client that half-closes its side while waiting looks gone.
+
+namespace {
+
+uint16_t port_of(const sockaddr_storage& a) {
+  if (a.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in&>(a).sin_port);
+  if (a.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6&>(a).sin6_port);
+  return 0;
+}
+
+std::string ip_of(const sockaddr_storage& a) {
+  char buf[INET6_ADDRSTRLEN] = {0};
+  if (a.ss_family == AF_INET) {
+    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in&>(a).sin_addr, buf, sizeof buf);
+  } else if (a.ss_family == AF_INET6) {
+    inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6&>(a).sin6_addr, buf, sizeof buf);
+  }
+  return buf;
+}
+
+}  // namespace
+
+int find_connection_socket(const httplib::Request& req) {
+  DIR* d = ::opendir("/proc/self/fd");
+  if (!d) return -1;
+  int found = -1;
+  while (dirent* e = ::readdir(d)) {
+    char* end = nullptr;
+    const long fd = std::strtol(e->d_name, &end, 10);
+    if (end == e->d_name || *end != '\0' || fd < 0) continue;
+    struct stat st {};
+    if (::fstat(static_cast<int>(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+    sockaddr_storage local{}, peer{};
+    socklen_t ll = sizeof local, pl = sizeof peer;
+    if (::getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &ll) != 0 ||
+        ::getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&peer), &pl) != 0) {
+      continue;
+    }
+    if (port_of(local) == req.local_port && port_of(peer) == req.remote_port &&
+        ip_of(peer) == req.remote_addr) {
+      found = static_cast<int>(fd);
+      break;
+    }
+  }
+  ::closedir(d);
+  return found;
+}
+
+bool peer_closed(int fd) {
+  if (fd < 0) return false;
+  pollfd p{fd, static_cast<short>(POLLIN | POLLRDHUP), 0};
+  if (::poll(&p, 1, 0) <= 0) return false;
+  if (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) return true;
+  if (p.revents & POLLIN) {
+    char c;
+    const ssize_t n = ::recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+  }
+  return false;
+}
+
+// ---- server-sent events
+
+namespace {
+
+using nlohmann::json;
+
+std::string sse(const std::string& event, const json& data) {
+  return "event: " + event + "\ndata: " + data.dump() + "\n\n";
+}
+
+}  // namespace
+
+void stream_images(State& s, std::shared_ptr<Job> job, httplib::Response& res) {
+  const std::string prefix = job->edit ? "image_edit" : "image_generation";
+  res.status = 200;
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");
+  res.set_chunked_content_provider(
+      "text/event-stream", [&s, job, prefix](size_t, httplib::DataSink& sink) {
+        Job& j = *job;
+        auto write = [&](const std::string& text) {
+          if (j.client_gone) return;
+          if (!sink.write(text.data(), text.size())) j.client_gone = true;
+        };
+        const std::string size_text =
+            std::to_string(j.layout().width) + "x" + std::to_string(j.layout().height);
+        auto common = [&](json e) {
+          e["size"] = size_text;
+          e["quality"] = "auto";
+          e["background"] = "auto";
+          e["output_format"] = "png";
+          e["created_at"] = unix_now();
+          return e;
+        };
+        Emitter emit;
+        if (j.req.progress_events) {
+          emit.step = [&](int image, const StepEvent& e) {
+            write(sse("flowkv.progress", {{"type", "flowkv.progress"},
+                                          {"image_index", image},
+                                          {"step", e.step},
+                                          {"steps", e.steps},
+                                          {"seconds", e.seconds},
+                                          {"cached", e.conditioning_cached},
+                                          {"from_store", e.from_store}}));
+          };
+        }
+        emit.partial = [&](int, int index, const std::string& b64) {
+          write(sse(prefix + ".partial_image", common({{"type", prefix + ".partial_image"},
+                                                       {"b64_json", b64},
+                                                       {"partial_image_index", index}})));
+        };
+        emit.completed = [&](int image, const Picture& im) {
+          json e = common({{"type", prefix + ".completed"}, {"b64_json", im.b64}});
+          e["size"] = std::to_string(im.meta.width) + "x" + std::to_string(im.meta.height);
+          e["usage"] = usage_of(j, 1);
+          e["flowkv"] = flowkv_of(im);
+          e["flowkv"]["image_index"] = image;
+          e["flowkv"]["store_keys"] = im.meta.store_keys;
+          write(sse(prefix + ".completed", e));
+        };
+        try {
+          run(s, j, emit);
+        } catch (...) {
+          auto [status, body] = error_of(s, &j, std::current_exception());
+          t_served.outcome = status;
+          if (status != 499) {
+            // OpenAI's streams report a failure as an "error" event carrying the error object.
+            write(sse("error", body));
+          }
+        }
+        if (j.client_gone) {
+          if (!t_served.outcome) t_served.outcome = 499;
+          return false;
+        }
+        sink.done();
+        return true;
+      });
+}
+
+}  // namespace flowkv::server
