@@ -157,7 +157,7 @@ TEST(StepCacheCalibration, SaysWhyNothingWasFitted) {
 
 // `flowkv calibrate` on the tiny random Klein pipeline over a two-case manifest: it prints two
 // --cache specs that the policies accept, and its JSON says the same. The command line's path
-// comes in FLOWKV_CLI (ctest cli.calibrate_tiny_klein sets it); without it the test is skipped.
+// comes in FLOWKV_CLI (ctest sets it, tests/CMakeLists.txt); without it the test is skipped.
 TEST(CalibrateCli, FitsTheTinyPipelineAndItsSpecsParseBack) {
   const char* cli = std::getenv("FLOWKV_CLI");
   if (cli == nullptr || *cli == '\0') GTEST_SKIP() << "FLOWKV_CLI not set";

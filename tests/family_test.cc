@@ -153,7 +153,7 @@ TEST(FamilyRegistry, QwenImageIsInspectedAndPredictedButNotRun) {
   EXPECT_NE(cacheability_report("qwen-image", 8, {16}, 16).find("target: no"), std::string::npos);
 }
 
-// FLOWKV_CLI (ctest cli.bench_lists_registered_families sets it); without it: skipped.
+// FLOWKV_CLI (ctest sets it, tests/CMakeLists.txt); without it: skipped.
 TEST(FamilyCli, BenchListsEveryBenchableFamily) {
   const char* cli = std::getenv("FLOWKV_CLI");
   if (cli == nullptr || *cli == '\0') GTEST_SKIP() << "FLOWKV_CLI not set";

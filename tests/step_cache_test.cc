@@ -471,7 +471,7 @@ TEST(StepCacheRegistry, PublicListingIsTheRegistry) {
 
 // `flowkv caches` lists kv, then every registered policy once, in registry order, each name on
 // its own line and its summary indented on the next. The command line's path comes in
-// FLOWKV_CLI (ctest cli.caches_match_registry sets it); without it the test is skipped.
+// FLOWKV_CLI (ctest sets it, tests/CMakeLists.txt); without it the test is skipped.
 TEST(StepCacheCli, CachesListsEveryRegisteredPolicy) {
   const char* cli = std::getenv("FLOWKV_CLI");
   if (cli == nullptr || *cli == '\0') GTEST_SKIP() << "FLOWKV_CLI not set";

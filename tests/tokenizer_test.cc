@@ -152,26 +152,6 @@ TEST(Tokenizer, DecodeGivesTheNormalisedText) {
   EXPECT_EQ(bad, 0);
 }
 
-TEST(Tokenizer, Speed) {
-  const auto& records = corpus().records;
-  // A fresh tokenizer: the word cache starts empty.
-  const auto t_load = std::chrono::steady_clock::now();
-  const Tokenizer t = Tokenizer::from_json_file(kDir + "/tokenizer.json");
-  const auto t0 = std::chrono::steady_clock::now();
-  std::printf("load tokenizer.json: %.2f s\n", std::chrono::duration<double>(t0 - t_load).count());
-  int64_t tokens = 0, bytes = 0;
-  for (const Record& r : records) {
-    tokens += static_cast<int64_t>(t.encode(r.text).size());
-    bytes += static_cast<int64_t>(r.text.size());
-  }
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf(
-      "encode: %zu prompts, %lld tokens, %lld bytes in %.3f s: %.0f prompts/s, %.0f "
-      "tokens/s, %.1f MB/s\n",
-      records.size(), static_cast<long long>(tokens), static_cast<long long>(bytes), s,
-      records.size() / s, tokens / s, bytes / s / 1e6);
-}
-
 TEST(Tokenizer, VocabularyAndSpecialTokens) {
   const Tokenizer& t = qwen3();
   EXPECT_EQ(t.vocab_size(), 151669);

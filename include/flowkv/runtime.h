@@ -49,4 +49,18 @@ struct GemmTiming {
 std::vector<GemmTiming> time_gemm(int64_t m, int64_t k, int64_t n,
                                   const std::vector<GemmVariant>& variants, int runs);
 
+// A tokenizer.json loaded and `texts` encoded, timed (the tokenizer benchmark's measurement,
+// src/api/tokenizer_timing.cc). The first pass starts from an empty word cache, as a fresh
+// process's first prompts do; the `runs` - 1 passes after it find the words cached, and the
+// fastest of them is kept. Every pass must give the first pass's ids (a flowkv::Error if not).
+struct TokenizerTiming {
+  double load_seconds = 0;  // reading and checking tokenizer.json
+  double cold_seconds = 0;  // the first pass
+  double warm_seconds = 0;  // the fastest later pass; 0 when runs is 1
+  int64_t tokens = 0;       // ids of one pass
+  int64_t bytes = 0;        // UTF-8 bytes of one pass
+};
+TokenizerTiming time_tokenizer(const std::string& tokenizer_json,
+                               const std::vector<std::string>& texts, int runs);
+
 }  // namespace flowkv

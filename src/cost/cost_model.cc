@@ -16,15 +16,6 @@ double pairs(const TokenLayout& l, size_t i, size_t j) {
 
 }  // namespace
 
-double attention_pairs(const TokenLayout& l, const std::vector<bool>& cached) {
-  double p = 0;
-  for (size_t i = 0; i < l.segments.size(); ++i) {
-    if (cached[i]) continue;
-    for (int j : l.segments[i].reads) p += pairs(l, i, static_cast<size_t>(j));
-  }
-  return p;
-}
-
 StepCost step_cost(const ModelShape& m, const TokenLayout& l, const std::vector<bool>& cached) {
   FLOWKV_CHECK(cached.size() == l.segments.size(), "cost: one cached flag per segment");
   StepCost s;

@@ -42,9 +42,6 @@ struct StepCost {
 // One step's FLOPs with `cached` segments read from memory (not computed, still read as keys).
 StepCost step_cost(const ModelShape& m, const TokenLayout& layout, const std::vector<bool>& cached);
 
-// Allowed (query, key) pairs of the live queries.
-double attention_pairs(const TokenLayout& layout, const std::vector<bool>& cached);
-
 // Over n steps, only the first pays the full price (prefill): n*F / (F + (n-1)*C), where the
 // uncached baseline pays F at every step.
 double predicted_speedup(double uncached_step, double cached_step, int steps);

@@ -54,7 +54,6 @@ class Linear {
 
   // Adds a bias [out_features] to every output row (Qwen-Image's layers have biases).
   void set_bias(const Tensor& bias);
-  bool has_bias() const { return !bias_.empty(); }
 
   // y[M, N] = x[M, K] · Wᵀ (+ bias). x and y may be strided views; they must not overlap.
   void forward(const ExecContext& ctx, Mat x, Mat y) const;

@@ -30,7 +30,7 @@ namespace {
 
 struct Opts {
   std::string model, cases, out, sweep = "quick", markdown, write_sweep;
-  int runs = 1;
+  int runs = 3;  // rounds: a tiny model's run is milliseconds, one round on a busy machine noise
 };
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
@@ -240,11 +240,15 @@ struct Showcase {
     cr.runs.resize(r.configs.size());
     double seconds = 0;
     // One untimed warm-up run of the case (its files into the page cache, the kernels' first
-    // use), then the timed runs round-robin over the configurations, the fastest kept per
+    // use), then o.runs rounds, each running every configuration once, the fastest kept per
     // configuration: load on a shared machine drifts, and each configuration sees the same.
+    // Every other round runs them in reverse, so that none is always first after the warm-up
+    // or always right after the same neighbour.
     seconds += generate_one(cr, 0, false);
-    for (int rep = 0; rep < o.runs; ++rep) {
-      for (size_t k = 0; k < r.configs.size(); ++k) {
+    const size_t n = r.configs.size();
+    for (int round = 0; round < o.runs; ++round) {
+      for (size_t i = 0; i < n; ++i) {
+        const size_t k = round % 2 == 0 ? i : n - 1 - i;
         if (r.configs[k].refused.empty()) seconds += generate_one(cr, k, true);
       }
     }
@@ -331,8 +335,14 @@ void add_showcase(CLI::App& app) {
       "loads the transformer and runs the steps; summed), speed-up (uncached's denoise s over\n"
       "this), loop s (the steps alone), PSNR / SSIM truth (mean over cases with a truth), PSNR /\n"
       "SSIM vs uncached (inf and 1: identical), skipped (calls, blocks or sublayers the step\n"
-      "caches skipped), = without kv. Each case has one untimed warm-up run. On a machine that\n"
-      "is busy with other work use `flowkv --threads 1 showcase ...`: waiting threads spin.");
+      "caches skipped), = without kv.\n"
+      "\n"
+      "Timing: each case has one untimed warm-up run, then --runs rounds (default 3), each\n"
+      "running every configuration once (every other round in reverse order); the times are\n"
+      "each configuration's fastest. The pictures and their PSNR / SSIM are the first round's;\n"
+      "a later round must give the same picture, bit for bit, or the command stops with an\n"
+      "error. On a machine that is busy with other work use `flowkv --threads 1 showcase ...`:\n"
+      "waiting threads spin.");
   auto* o = new Opts;
   cmd->add_option("--model", o->model, "pipeline folder (required)");
   cmd->add_option("--cases", o->cases, "the case manifest, CASES.json (required)");
@@ -344,7 +354,8 @@ void add_showcase(CLI::App& app) {
   cmd->add_option("--write-sweep", o->write_sweep,
                   "write the --sweep (e.g. full) as a sweep file to edit, and run nothing");
   cmd->add_option("--runs", o->runs,
-                  "timed runs per configuration and case, round-robin; the fastest is kept")
+                  "timed rounds per case, each running every configuration once; the fastest "
+                  "time per configuration is kept")
       ->check(CLI::Range(1, 100))
       ->capture_default_str();
   cmd->callback([o] { std::exit(guarded([&] { return run(*o); })); });

@@ -333,8 +333,9 @@ std::string showcase_html(const ShowcaseResults& r) {
       "</style></head><body>\n<h1>flowkv showcase</h1>\n";
   h += "<p>model <code>" + escaped(r.model) + "</code>, cases <code>" + escaped(r.cases_path) +
        "</code>, sweep <code>" + escaped(r.sweep) + "</code>, " + std::to_string(r.cases.size()) +
-       " cases, fastest of " + std::to_string(r.runs) +
-       " run(s) per configuration. Speed-up: the uncached run's denoise stage time (at the same "
+       " cases; times: each configuration's fastest of " + std::to_string(r.runs) +
+       " round(s) after a warm-up, every configuration once per round. Speed-up: the uncached "
+       "run's denoise stage time (at the same "
        "step count) over this one's, summed over cases; the stage loads the transformer and runs "
        "the steps, &ldquo;loop s&rdquo; is the steps alone. PSNR / SSIM: against the ground truth "
        "(cases that have one) and against the uncached run (inf: bit-identical). "

@@ -28,8 +28,8 @@ struct ShowcaseRun {
   bool ran = false;
   Image image;
   std::string file;            // images/<case>-<slug>.png, relative to the output folder
-  double denoise_seconds = 0;  // the "denoise" stage (model load and the step loop), min of runs
-  double steps_seconds = 0;    // the denoising steps alone (StepEvent seconds), min of runs
+  double denoise_seconds = 0;  // the "denoise" stage (model load and the step loop), min of rounds
+  double steps_seconds = 0;    // the denoising steps alone (StepEvent seconds), min of rounds
   std::vector<StepCacheStats> stats;
   double psnr_truth = 0, ssim_truth = 0;  // when the case has a truth
   double psnr_base = 0, ssim_base = 0;    // against the uncached run at the same step count
@@ -47,7 +47,7 @@ struct ShowcaseResults {
   std::string model, cases_path, sweep;
   std::vector<ShowcaseRunConfig> configs;
   std::vector<ShowcaseCaseResult> cases;
-  int runs = 1;  // timed runs per configuration and case (the fastest is kept)
+  int runs = 3;  // timed rounds per case, every configuration once in each (the fastest is kept)
 };
 
 // A configuration over all cases.

@@ -238,8 +238,4 @@ bool released_config(const std::string& name, Config* out) {
   return true;
 }
 
-std::vector<std::string> released_config_names() {
-  return {"klein-4b", "klein-9b", "klein-9b-kv", "dev"};
-}
-
 }  // namespace flowkv::flux2

@@ -53,6 +53,5 @@ std::string variant_name(const Config& c);
 
 // Named released shapes ("klein-4b", "klein-9b", "klein-9b-kv", "dev").
 bool released_config(const std::string& name, Config* out);
-std::vector<std::string> released_config_names();
 
 }  // namespace flowkv::flux2

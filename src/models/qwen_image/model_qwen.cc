@@ -3,6 +3,7 @@
 
 #include <cstring>
 #include <functional>
+#include <map>
 
 #include "flowkv/error.h"
 #include "models/common/blocks.h"
@@ -196,19 +197,6 @@ void rope(const ArgsQwenImage& a, const ConfigQwenImage& c, int64_t hd, float* i
 }
 
 }  // namespace
-
-ModelQwenImage ModelQwenImage::from_tensors(const std::map<std::string, Tensor>& tensors,
-                                            const ConfigQwenImage& c, DType dt) {
-  std::map<std::string, TensorInfo> infos;
-  for (const auto& [n, t] : tensors)
-    infos[n] = {n, std::string(dtype_name(t.dtype())), true, t.dtype(), t.shape()};
-  const auto problems = check_against_table(infos, weight_table(c));
-  FLOWKV_CHECK(problems.empty(),
-               format_problems("the weights do not fit this Qwen-Image config", problems));
-  ModelQwenImage m;
-  m.w_ = build([&](const std::string& n) { return tensors.at(n); }, infos, c, dt);
-  return m;
-}
 
 ModelQwenImage ModelQwenImage::load(const std::string& path, DType dt) {
   const CheckpointScan scan = scan_checkpoint(path);

@@ -4,7 +4,6 @@
 // nothing here can be cached exactly.
 #pragma once
 
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,8 +29,6 @@ struct ArgsQwenImage {
 class ModelQwenImage {
  public:
   static ModelQwenImage load(const std::string& path, DType compute = DType::kF32);
-  static ModelQwenImage from_tensors(const std::map<std::string, Tensor>& tensors,
-                                     const ConfigQwenImage& c, DType compute);
   const ConfigQwenImage& config() const;
   void forward(const ExecContext& ctx, const ArgsQwenImage& a) const;
 
