@@ -1,6 +1,6 @@
 #include <cstring>
 
-#include "api/forward_run.h"
+#include "families/forward_run.h"
 #include "core/arena.h"
 #include "core/checked.h"
 #include "families/flux2/cost.h"
@@ -144,7 +144,7 @@ Tensor Flux2Transformer::forward(const Flux2Call& call, ForwardProfile* profile,
   a.timestep = call.timestep.f32();
   a.guidance = call.guidance.defined() ? call.guidance.f32() : nullptr;
   a.out = out.f32();
-  api::ForwardRun run(ws, call.check_finite, profile);
+  families::ForwardRun run(ws, call.check_finite, profile);
   for (const auto& [t, name] : {std::pair{&call.img, "img"},
                                 {&call.txt, "txt"},
                                 {&call.timestep, "timestep"},

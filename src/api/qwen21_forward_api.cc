@@ -4,7 +4,7 @@
 #include <string>
 #include <utility>
 
-#include "api/forward_run.h"
+#include "families/forward_run.h"
 #include "core/arena.h"
 #include "core/checked.h"
 #include "families/qwen21/cost.h"
@@ -112,7 +112,7 @@ Tensor QwenImage21Transformer::forward(const Qwen21Call& call, ForwardProfile* p
   Tensor out = Tensor::empty({b, call.img.dim(1), c.out_features()});
   qwen::Args21 a = args_of(call, m, valid);
   a.out = out.f32();
-  api::ForwardRun run(ws, call.check_finite, profile);
+  families::ForwardRun run(ws, call.check_finite, profile);
   run.input("img", call.img);
   run.input("txt", call.txt);
   run.input("timestep", call.timestep);
