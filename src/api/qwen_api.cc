@@ -1,56 +1,23 @@
+// The public QwenImage21Transformer: a thin handle over the Qwen-Image-2.1 family's transformer
+// (families/qwen21/impl.h), which loads, builds and runs it.
 #include "flowkv/qwen_image.h"
 
-#include "families/flux2/impl.h"
 #include "families/qwen21/impl.h"
-#include "flowkv/error.h"
 #include "models/qwen_image/builtin.h"
 
 namespace flowkv {
 
-namespace {
-
-qwen::LoadOptions21 options21(const std::string& dtype) {
-  const flux2::LoadOptions f = parse_dtype_option(dtype);
-  qwen::LoadOptions21 o;
-  o.auto_dtype = f.auto_dtype;
-  o.compute = f.compute;
-  o.int8 = f.int8;
-  return o;
-}
-
-std::string describe(const qwen::Config21& c) {
-  return "Qwen-Image-2.1 (" + std::to_string(c.num_layers) + " blocks, width " +
-         std::to_string(c.dim()) +
-         (c.causal_condition ? ", causal_condition" : ", no causal_condition") + ")";
-}
-
-}  // namespace
-
 QwenImage21Transformer QwenImage21Transformer::load(const std::string& path,
                                                     const std::string& dtype) {
-  auto impl = std::make_shared<Impl>();
-  const qwen::LoadOptions21 o = options21(dtype);
-  impl->model = qwen::Model21::load(path, o);
-  impl->int8 = o.int8;
-  impl->variant = describe(impl->model.config());
   QwenImage21Transformer t;
-  t.impl_ = std::move(impl);
+  t.impl_ = families::load_qwen21(path, dtype);
   return t;
 }
 
 QwenImage21Transformer QwenImage21Transformer::builtin(const std::string& name, uint64_t seed,
                                                        const std::string& dtype) {
-  qwen::Config21 c;
-  FLOWKV_CHECK(qwen::builtin_config21(name, &c), "no built-in Qwen-Image-2.1 model '", name,
-               "' (choose qwen21-tiny or qwen21-small)");
-  const qwen::LoadOptions21 o = options21(dtype);
-  const DType store = !o.auto_dtype && o.compute == DType::kBF16 ? DType::kBF16 : DType::kF32;
-  auto impl = std::make_shared<Impl>();
-  impl->model = qwen::Model21::from_tensors(qwen::random_weights21(c, seed, store), c, o);
-  impl->int8 = o.int8;
-  impl->variant = "built-in '" + name + "' (" + describe(c) + ", random weights)";
   QwenImage21Transformer t;
-  t.impl_ = std::move(impl);
+  t.impl_ = families::builtin_qwen21(name, seed, dtype);
   return t;
 }
 
@@ -64,7 +31,7 @@ std::string QwenImage21Transformer::config_json() const {
   return impl_->model.config().to_json().dump(2);
 }
 std::string QwenImage21Transformer::compute_dtype() const {
-  return impl_->int8 ? "INT8" : std::string(dtype_name(impl_->model.compute_dtype()));
+  return families::qwen21_compute_dtype(*impl_);
 }
 int64_t QwenImage21Transformer::in_channels() const {
   return impl_->model.config().in_channels;
@@ -75,5 +42,17 @@ int64_t QwenImage21Transformer::text_channels() const {
 bool QwenImage21Transformer::causal_condition() const {
   return impl_->model.config().causal_condition;
 }
+
+Tensor QwenImage21Transformer::forward(const Qwen21Call& call, ForwardProfile* profile,
+                                       Workspace* ws) const {
+  return families::qwen21_forward(*impl_, call, profile, ws);
+}
+
+// The handle converts to the family-neutral Model, sharing the loaded transformer: the alias
+// keeps a copy of this handle (and so its Impl) alive as long as the family's model holds it.
+Model::Model(const QwenImage21Transformer& m)
+    : impl_(std::make_shared<Impl>(
+          families::qwen21_loaded(std::shared_ptr<const QwenImage21Transformer::Impl>(
+              std::make_shared<const QwenImage21Transformer>(m), &m.impl())))) {}
 
 }  // namespace flowkv
