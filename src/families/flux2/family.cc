@@ -1,10 +1,12 @@
 // FLUX.2 (Klein 4B / 9B / 9B KV, dev): diffusers Flux2Transformer2DModel, or an original BFL
 // single file recognised by its tensors. Its exact cache keeps the Klein KV references.
-#include "families/flux2/cost.h"
-#include <filesystem>
-#include "families/adapters.h"
 #include "families/family.h"
+#include <filesystem>
+#include "core/checked.h"
+#include "families/adapters.h"
+#include "families/flux2/cost.h"
 #include "families/flux2/impl.h"
+#include "families/forward_run.h"
 #include "flowkv/error.h"
 #include "io/atomic_file.h"
 #include "io/mapped_file.h"
@@ -80,7 +82,6 @@ const Released* released(const std::string& name) {
   return nullptr;
 }
 
-
 KVPrediction predict_of(const flux2::Config& c, const std::string& name, int64_t text,
                         const std::vector<int64_t>& refs, int64_t target, int steps, bool cfg,
                         int64_t kv_bytes, Flux2References rule = Flux2References::kKleinKV) {
@@ -113,14 +114,26 @@ Tensor text_ids(int64_t l) {
   return ids;
 }
 
+flux2::Config builtin_or_fail(const std::string& name) {
+  flux2::Config c;
+  if (!flux2::builtin_config(name, &c)) {
+    std::string names;
+    for (const auto& n : flux2::builtin_names()) names += (names.empty() ? "" : ", ") + n;
+    fail("no built-in model '", name, "' (choose one of: ", names, ")");
+  }
+  return c;
+}
+
+// The family's model: the loaded transformer, shared with any Flux2Transformer handle over it.
 class Flux2Model final : public FamilyModel {
  public:
-  Flux2Model(Flux2Transformer t, Flux2References refs) : t_(std::move(t)), refs_(refs) {}
-  std::string variant() const override { return t_.variant(); }
-  std::string config_json() const override { return t_.config_json(); }
-  std::string compute_dtype() const override { return t_.compute_dtype(); }
-  int64_t in_channels() const override { return t_.in_channels(); }
-  int64_t text_channels() const override { return t_.text_channels(); }
+  Flux2Model(std::shared_ptr<const Flux2Impl> t, Flux2References refs)
+      : t_(std::move(t)), refs_(refs) {}
+  std::string variant() const override { return t_->variant; }
+  std::string config_json() const override { return model().config().to_json().dump(2); }
+  std::string compute_dtype() const override { return flux2_compute_dtype(*t_); }
+  int64_t in_channels() const override { return model().config().in_channels; }
+  int64_t text_channels() const override { return model().config().joint_attention_dim; }
   cache::Topology topology() const override { return flux2_topology(model()); }
   std::unique_ptr<pipeline::DenoiseAdapter> adapter(const DenoiseInputs& in,
                                                     const DenoiseOptions& opts) const override {
@@ -131,13 +144,13 @@ class Flux2Model final : public FamilyModel {
   DenoiseInputs example_inputs(const ExampleShape& s) const override;
   KVPrediction predict(int64_t text, const std::vector<int64_t>& refs, int64_t target, int steps,
                        bool cfg) const override {
-    return predict_of(model().config(), t_.variant(), text, refs, target, steps, cfg,
+    return predict_of(model().config(), t_->variant, text, refs, target, steps, cfg,
                       dtype_size(model().kv_dtype()), refs_);
   }
 
  private:
-  const flux2::Model& model() const { return t_.impl().model; }
-  Flux2Transformer t_;
+  const flux2::Model& model() const { return t_->model; }
+  std::shared_ptr<const Flux2Impl> t_;
   Flux2References refs_;
 };
 
@@ -160,7 +173,7 @@ Tensor Flux2Model::forward(const DenoiseInputs& in, const ForwardOptions& opts,
   c.timestep = Tensor::from_vector(
       std::vector<float>(static_cast<size_t>(in.noise.dim(0)), opts.sigma), {in.noise.dim(0)});
   c.check_finite = opts.check_finite;
-  return t_.forward(c, profile, ws);
+  return flux2_forward(*t_, c, profile, ws);
 }
 
 DenoiseInputs Flux2Model::example_inputs(const ExampleShape& s) const {
@@ -287,8 +300,7 @@ void write_zero_pipeline(const std::string& shape, const std::string& dtype,
   const Released* rel = released(shape);
   FLOWKV_CHECK(rel && std::string(rel->pipeline_class).rfind("Flux2Klein", 0) == 0 &&
                    flux2::released_config(shape, &c),
-               "no released Klein shape '",
-               shape,
+               "no released Klein shape '", shape,
                "' to write as a pipeline (klein-9b-kv-pipeline, klein-9b-pipeline, "
                "klein-4b-pipeline)");
   const DType dt = parse_dtype_option(dtype).compute;
@@ -325,7 +337,7 @@ void write_zero_pipeline(const std::string& shape, const std::string& dtype,
   write_file_atomic((fs::path(dir) / "model_index.json").string(), index.dump(2));
 }
 
-std::shared_ptr<const FamilyModel> wrap(Flux2Transformer t,
+std::shared_ptr<const FamilyModel> wrap(std::shared_ptr<const Flux2Impl> t,
                                         Flux2References refs = Flux2References::kKleinKV) {
   return std::make_shared<Flux2Model>(std::move(t), refs);
 }
@@ -365,10 +377,114 @@ int flux2_pipeline_default_steps(const std::string& pipeline_class) {
   fail("no FLUX.2 pipeline class \"", pipeline_class, "\"");
 }
 
+std::shared_ptr<const Flux2Impl> load_flux2(const std::string& path, const std::string& dtype) {
+  auto impl = std::make_shared<Flux2Impl>();
+  const flux2::LoadOptions o = parse_dtype_option(dtype);
+  impl->model = flux2::Model::load(path, o);
+  impl->int8 = o.int8;
+  impl->variant = flux2::variant_name(impl->model.config());
+  return impl;
+}
+
+std::shared_ptr<const Flux2Impl> builtin_flux2(const std::string& name, uint64_t seed,
+                                               const std::string& dtype) {
+  const flux2::Config c = builtin_or_fail(name);
+  const flux2::LoadOptions o = parse_dtype_option(dtype);
+  const DType store = !o.auto_dtype && o.compute == DType::kBF16 ? DType::kBF16 : DType::kF32;
+  const flux2::WeightSource src(flux2::random_weights(c, seed, store));
+  auto impl = std::make_shared<Flux2Impl>();
+  impl->model = flux2::Model::from_source(src, c, o);
+  impl->int8 = o.int8;
+  impl->variant = "built-in '" + name + "' (" + flux2::variant_name(c) + ", random weights)";
+  return impl;
+}
+
+void write_flux2_builtin(const std::string& name, uint64_t seed, const std::string& dtype,
+                         const std::string& dir) {
+  const flux2::Config c = builtin_or_fail(name);
+  const DType store = parse_dtype_option(dtype).compute;
+  const auto weights = flux2::random_weights(c, seed, store);
+  std::vector<TensorToWrite> list;
+  for (const ExpectedTensor& e : flux2::weight_table(c)) {
+    const Tensor& t = weights.at(e.name);
+    list.push_back({e.name, t.dtype(), t.shape(), t.raw()});
+  }
+  write_diffusers_folder(dir, c.to_json(), list);
+}
+
+std::string flux2_compute_dtype(const Flux2Impl& t) {
+  return t.int8 ? "INT8" : std::string(dtype_name(t.model.compute_dtype()));
+}
+
+Tensor flux2_forward(const Flux2Impl& impl, const Flux2Call& call, ForwardProfile* profile,
+                     Workspace* ws) {
+  const flux2::Config& c = impl.model.config();
+  auto need = [](const Tensor& t, int ndim, const char* what) {
+    FLOWKV_CHECK(t.defined() && t.ndim() == ndim && t.dtype() == DType::kF32, what,
+                 " must be an F32 ", ndim, "-D tensor",
+                 t.defined() ? ", got " + shape_str(t.shape()) : "");
+  };
+  need(call.img, 3, "img");
+  need(call.txt, 3, "txt");
+  need(call.img_ids, 2, "img_ids");
+  need(call.txt_ids, 2, "txt_ids");
+  need(call.timestep, 1, "timestep");
+  const int64_t b = call.img.dim(0), n = call.img.dim(1), l = call.txt.dim(1);
+  FLOWKV_CHECK(call.img.dim(2) == c.in_channels, "img has ", call.img.dim(2),
+               " channels per token; this model takes ", c.in_channels);
+  FLOWKV_CHECK(call.txt.dim(0) == b && call.txt.dim(2) == c.joint_attention_dim, "txt is ",
+               shape_str(call.txt.shape()), "; expected [", b, ", L, ", c.joint_attention_dim, "]");
+  FLOWKV_CHECK(call.img_ids.dim(0) == n && call.img_ids.dim(1) == 4, "img_ids is ",
+               shape_str(call.img_ids.shape()), "; expected [", n, ", 4]");
+  FLOWKV_CHECK(call.txt_ids.dim(0) == l && call.txt_ids.dim(1) == 4, "txt_ids is ",
+               shape_str(call.txt_ids.shape()), "; expected [", l, ", 4]");
+  FLOWKV_CHECK(call.timestep.dim(0) == b, "timestep has ", call.timestep.dim(0),
+               " values for a batch of ", b);
+  if (call.guidance.defined()) {
+    need(call.guidance, 1, "guidance");
+    FLOWKV_CHECK(call.guidance.dim(0) == b, "guidance needs one value per batch element");
+  }
+  pipeline::RequestSize size{.batch = b, .tokens = checked_add(n, l, "forward tokens")};
+  pipeline::check_request_limits(size);
+  pipeline::check_request_memory(flux2::cost_shape(c, 2), size);
+  Tensor out = Tensor::empty({b, n, c.out_features()});
+  flux2::ForwardArgs a;
+  a.batch = b;
+  a.segments = {
+      {.kind = SegmentKind::kText,
+       .name = "text",
+       .rows = call.txt.f32(),
+       .tokens = l,
+       .ids = call.txt_ids.f32()},
+      {.kind = SegmentKind::kTarget,
+       .name = "target",
+       .rows = call.img.f32(),
+       .tokens = n,
+       .ids = call.img_ids.f32()},
+  };
+  a.timestep = call.timestep.f32();
+  a.guidance = call.guidance.defined() ? call.guidance.f32() : nullptr;
+  a.out = out.f32();
+  ForwardRun run(ws, call.check_finite, profile);
+  for (const auto& [t, name] : {std::pair{&call.img, "img"},
+                                {&call.txt, "txt"},
+                                {&call.timestep, "timestep"},
+                                {&call.guidance, "guidance"}}) {
+    run.input(name, *t);
+  }
+  impl.model.forward(run.context(), a);
+  run.finish(out);
+  return out;
+}
+
+LoadedTransformer flux2_loaded(std::shared_ptr<const Flux2Impl> t, Flux2References refs) {
+  return {&by_name(kName), wrap(std::move(t), refs), ""};
+}
+
 LoadedTransformer load_flux2_transformer(const std::string& path, const std::string& dtype,
                                          bool klein_kv_rules) {
   LoadedTransformer t{&by_name(kName),
-                      wrap(Flux2Transformer::load(path, {dtype}),
+                      wrap(load_flux2(path, dtype),
                            klein_kv_rules ? Flux2References::kKleinKV : Flux2References::kJoint),
                       ""};
   t.identity = pipeline::component_identity(path, t.model->compute_dtype());
@@ -398,12 +514,12 @@ Family flux2_family() {
     return flux2::builtin_config(name, &c);
   };
   f.load = [](const std::string& path, const std::string& dtype) {
-    return wrap(Flux2Transformer::load(path, {dtype}), references_of(path));
+    return wrap(load_flux2(path, dtype), references_of(path));
   };
   f.builtin = [](const std::string& name, uint64_t seed, const std::string& dtype) {
-    return wrap(Flux2Transformer::builtin(name, seed, dtype));
+    return wrap(builtin_flux2(name, seed, dtype));
   };
-  f.write_builtin = Flux2Transformer::write_builtin;
+  f.write_builtin = write_flux2_builtin;
   f.write_zeros = [](const std::string& name, const std::string& dtype, const std::string& dir) {
     if (name.size() > 9 && name.substr(name.size() - 9) == "-pipeline") {
       return write_zero_pipeline(name.substr(0, name.size() - 9), dtype, dir);
@@ -431,8 +547,5 @@ Family flux2_family() {
 }
 
 }  // namespace families
-
-Model::Model(const Flux2Transformer& m)
-    : impl_(std::make_shared<Impl>(Impl{&families::by_name(families::kName), families::wrap(m)})) {}
 
 }  // namespace flowkv

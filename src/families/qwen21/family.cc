@@ -1,9 +1,11 @@
 // Qwen-Image-2.1: diffusers QwenImage21Transformer2DModel. Its exact cache keeps the prefix
 // (condition images and text, block-causal) when the checkpoint has causal_condition.
-#include "families/qwen21/cost.h"
-#include "families/adapters.h"
 #include "families/family.h"
+#include "core/checked.h"
+#include "families/adapters.h"
 #include "families/flux2/impl.h"
+#include "families/forward_run.h"
+#include "families/qwen21/cost.h"
 #include "families/qwen21/impl.h"
 #include "flowkv/error.h"
 #include "models/qwen_image/builtin.h"
@@ -61,14 +63,96 @@ KVPrediction predict_of(const qwen::Config21& c, const std::string& name, int64_
   return prediction(name, qwen::cost_shape(c, kv_bytes), layout, plan, steps, cfg);
 }
 
+qwen::LoadOptions21 options21(const std::string& dtype) {
+  const flux2::LoadOptions f = parse_dtype_option(dtype);
+  qwen::LoadOptions21 o;
+  o.auto_dtype = f.auto_dtype;
+  o.compute = f.compute;
+  o.int8 = f.int8;
+  return o;
+}
+
+void need(const Tensor& t, int ndim, const std::string& what) {
+  FLOWKV_CHECK(t.defined() && t.ndim() == ndim && t.dtype() == DType::kF32, what,
+               " must be an F32 ", ndim, "-D tensor",
+               t.defined() ? ", got " + shape_str(t.shape()) : "");
+}
+
+// The call's shapes against the model; returns the batch.
+int64_t check_call(const Qwen21Call& call, const qwen::Config21& c) {
+  need(call.img, 3, "img");
+  need(call.txt, 3, "txt");
+  need(call.timestep, 1, "timestep");
+  const int64_t b = call.img.dim(0), l = call.txt.dim(1);
+  const int64_t n = pipeline::grid_tokens(call.height, call.width, "the target grid");
+  FLOWKV_CHECK(call.img.dim(1) == n && call.img.dim(2) == c.in_channels, "img is ",
+               shape_str(call.img.shape()), "; expected [B, ", call.height, "*", call.width, ", ",
+               c.in_channels, "]");
+  FLOWKV_CHECK(call.txt.dim(0) == b && call.txt.dim(2) == c.context_in_dim, "txt is ",
+               shape_str(call.txt.shape()), "; expected [", b, ", L, ", c.context_in_dim, "]");
+  FLOWKV_CHECK(call.txt_slots.empty() || static_cast<int64_t>(call.txt_slots.size()) == l,
+               "txt_slots has ", call.txt_slots.size(), " entries for ", l, " txt rows");
+  if (call.txt_mask.defined()) {
+    FLOWKV_CHECK(
+        call.txt_mask.ndim() == 2 && call.txt_mask.dim(0) == b && call.txt_mask.dim(1) == l,
+        "txt_mask is ", shape_str(call.txt_mask.shape()), "; expected [", b, ", ", l, "]");
+  }
+  for (size_t i = 0; i < call.conditions.size(); ++i) {
+    const ReferenceLatents& cond = call.conditions[i];
+    const std::string what = "conditions[" + std::to_string(i) + "]";
+    need(cond.latents, 3, what);
+    const int64_t tokens = pipeline::grid_tokens(cond.height, cond.width, what + "'s grid");
+    FLOWKV_CHECK(cond.latents.dim(0) == b && cond.latents.dim(1) == tokens &&
+                     cond.latents.dim(2) == c.in_channels,
+                 what, " is ", shape_str(cond.latents.shape()), "; expected [", b, ", ",
+                 cond.height, "*", cond.width, ", ", c.in_channels, "]");
+  }
+  FLOWKV_CHECK(call.timestep.dim(0) == b, "timestep has ", call.timestep.dim(0),
+               " values for a batch of ", b);
+  return b;
+}
+
+// The sequence as segments: [text, conditions..., target], the prefix computed (no cache).
+qwen::Args21 args_of(const Qwen21Call& call, const qwen::Model21& m,
+                     const std::vector<uint8_t>& valid) {
+  qwen::Args21 a;
+  a.batch = call.img.dim(0);
+  const SegmentTime prefix_time = m.prefix_time();
+  a.segments.push_back({.kind = SegmentKind::kText,
+                        .name = "text",
+                        .rows = call.txt.f32(),
+                        .tokens = call.txt.dim(1),
+                        .slots = call.txt_slots.empty() ? nullptr : call.txt_slots.data(),
+                        .valid = valid.empty() ? nullptr : valid.data(),
+                        .time = prefix_time});
+  for (size_t i = 0; i < call.conditions.size(); ++i) {
+    const ReferenceLatents& cond = call.conditions[i];
+    a.segments.push_back({.kind = SegmentKind::kReference,
+                          .name = "condition " + std::to_string(i + 1),
+                          .rows = cond.latents.f32(),
+                          .tokens = cond.latents.dim(1),
+                          .grid = {cond.height, cond.width},
+                          .time = prefix_time});
+  }
+  a.segments.push_back({.kind = SegmentKind::kTarget,
+                        .name = "target",
+                        .rows = call.img.f32(),
+                        .tokens = call.img.dim(1),
+                        .grid = {call.height, call.width}});
+  a.timestep = call.timestep.f32();
+  return a;
+}
+
+// The family's model: the loaded transformer, shared with any QwenImage21Transformer handle over
+// it.
 class Qwen21Model final : public FamilyModel {
  public:
-  explicit Qwen21Model(QwenImage21Transformer t) : t_(std::move(t)) {}
-  std::string variant() const override { return t_.variant(); }
-  std::string config_json() const override { return t_.config_json(); }
-  std::string compute_dtype() const override { return t_.compute_dtype(); }
-  int64_t in_channels() const override { return t_.in_channels(); }
-  int64_t text_channels() const override { return t_.text_channels(); }
+  explicit Qwen21Model(std::shared_ptr<const Qwen21Impl> t) : t_(std::move(t)) {}
+  std::string variant() const override { return t_->variant; }
+  std::string config_json() const override { return model().config().to_json().dump(2); }
+  std::string compute_dtype() const override { return qwen21_compute_dtype(*t_); }
+  int64_t in_channels() const override { return model().config().in_channels; }
+  int64_t text_channels() const override { return model().config().context_in_dim; }
   cache::Topology topology() const override { return qwen21_topology(model()); }
   std::unique_ptr<pipeline::DenoiseAdapter> adapter(const DenoiseInputs& in,
                                                     const DenoiseOptions& opts) const override {
@@ -88,18 +172,18 @@ class Qwen21Model final : public FamilyModel {
     c.timestep = Tensor::from_vector(
         std::vector<float>(static_cast<size_t>(in.noise.dim(0)), opts.sigma), {in.noise.dim(0)});
     c.check_finite = opts.check_finite;
-    return t_.forward(c, profile, ws);
+    return qwen21_forward(*t_, c, profile, ws);
   }
   DenoiseInputs example_inputs(const ExampleShape& s) const override;
   KVPrediction predict(int64_t text, const std::vector<int64_t>& conds, int64_t target, int steps,
                        bool cfg) const override {
-    return predict_of(model().config(), t_.variant(), text, conds, target, steps, cfg,
+    return predict_of(model().config(), t_->variant, text, conds, target, steps, cfg,
                       dtype_size(model().kv_dtype()));
   }
 
  private:
-  const qwen::Model21& model() const { return t_.impl().model; }
-  QwenImage21Transformer t_;
+  const qwen::Model21& model() const { return t_->model; }
+  std::shared_ptr<const Qwen21Impl> t_;
 };
 
 // The prompt rows hold the condition images' slots (an h x w image is h*w/4 slots) before the
@@ -239,11 +323,75 @@ FamilyInfo info() {
   return i;
 }
 
-std::shared_ptr<const FamilyModel> wrap(QwenImage21Transformer t) {
+std::shared_ptr<const FamilyModel> wrap(std::shared_ptr<const Qwen21Impl> t) {
   return std::make_shared<Qwen21Model>(std::move(t));
 }
 
 }  // namespace
+
+std::shared_ptr<const Qwen21Impl> load_qwen21(const std::string& path, const std::string& dtype) {
+  auto impl = std::make_shared<Qwen21Impl>();
+  const qwen::LoadOptions21 o = options21(dtype);
+  impl->model = qwen::Model21::load(path, o);
+  impl->int8 = o.int8;
+  impl->variant = describe(impl->model.config());
+  return impl;
+}
+
+std::shared_ptr<const Qwen21Impl> builtin_qwen21(const std::string& name, uint64_t seed,
+                                                 const std::string& dtype) {
+  qwen::Config21 c;
+  FLOWKV_CHECK(qwen::builtin_config21(name, &c), "no built-in Qwen-Image-2.1 model '", name,
+               "' (choose qwen21-tiny or qwen21-small)");
+  const qwen::LoadOptions21 o = options21(dtype);
+  const DType store = !o.auto_dtype && o.compute == DType::kBF16 ? DType::kBF16 : DType::kF32;
+  auto impl = std::make_shared<Qwen21Impl>();
+  impl->model = qwen::Model21::from_tensors(qwen::random_weights21(c, seed, store), c, o);
+  impl->int8 = o.int8;
+  impl->variant = "built-in '" + name + "' (" + describe(c) + ", random weights)";
+  return impl;
+}
+
+std::string qwen21_compute_dtype(const Qwen21Impl& t) {
+  return t.int8 ? "INT8" : std::string(dtype_name(t.model.compute_dtype()));
+}
+
+Tensor qwen21_forward(const Qwen21Impl& impl, const Qwen21Call& call, ForwardProfile* profile,
+                      Workspace* ws) {
+  const qwen::Model21& m = impl.model;
+  const qwen::Config21& c = m.config();
+  const int64_t b = check_call(call, c);
+  std::vector<int64_t> images;
+  for (const ReferenceLatents& cond : call.conditions) images.push_back(cond.latents.dim(1));
+  pipeline::RequestSize size{
+      .batch = b,
+      .images = static_cast<int64_t>(images.size()),
+      // Each slot row stands for 4 tokens: the text rows bound the sequence from below.
+      .tokens = pipeline::sum_tokens(call.txt.dim(1), images, call.img.dim(1))};
+  pipeline::check_request_limits(size);
+  pipeline::check_request_memory(qwen::cost_shape(c, 2), size);
+  std::vector<uint8_t> valid;
+  if (call.txt_mask.defined()) {
+    const Tensor f = call.txt_mask.to_f32();
+    for (int64_t i = 0; i < f.numel(); ++i) valid.push_back(f.f32()[i] != 0);
+  }
+  Tensor out = Tensor::empty({b, call.img.dim(1), c.out_features()});
+  qwen::Args21 a = args_of(call, m, valid);
+  a.out = out.f32();
+  ForwardRun run(ws, call.check_finite, profile);
+  run.input("img", call.img);
+  run.input("txt", call.txt);
+  run.input("timestep", call.timestep);
+  for (size_t i = 0; i < call.conditions.size(); ++i)
+    run.input("conditions[" + std::to_string(i) + "]", call.conditions[i].latents);
+  m.forward(run.context(), a);
+  run.finish(out);
+  return out;
+}
+
+LoadedTransformer qwen21_loaded(std::shared_ptr<const Qwen21Impl> t) {
+  return {&by_name(kName), wrap(std::move(t)), ""};
+}
 
 cache::Topology qwen21_topology(const qwen::Model21& m) {
   cache::Topology t = m.topology();
@@ -261,10 +409,10 @@ Family qwen21_family() {
     return qwen::builtin_config21(name, &c);
   };
   f.load = [](const std::string& path, const std::string& dtype) {
-    return wrap(QwenImage21Transformer::load(path, dtype));
+    return wrap(load_qwen21(path, dtype));
   };
   f.builtin = [](const std::string& name, uint64_t seed, const std::string& dtype) {
-    return wrap(QwenImage21Transformer::builtin(name, seed, dtype));
+    return wrap(builtin_qwen21(name, seed, dtype));
   };
   f.write_builtin = write_builtin;
   f.write_zeros = [](const std::string& name, const std::string& dtype, const std::string& dir) {
@@ -292,8 +440,5 @@ Family qwen21_family() {
 }
 
 }  // namespace families
-
-Model::Model(const QwenImage21Transformer& m)
-    : impl_(std::make_shared<Impl>(Impl{&families::by_name(families::kName), families::wrap(m)})) {}
 
 }  // namespace flowkv

@@ -1,5 +1,7 @@
-// What every public forward sets up around its model call: the workspace arena (the caller's or
-// a fresh one), the NaN/infinity checker when asked, the profile counters and the wall time.
+// What every family's single forward (Flux2Transformer::forward, QwenImage21Transformer::forward
+// and FamilyModel::forward go through it) sets up around its model call: the workspace arena (the
+// caller's or a fresh one), the NaN/infinity checker when asked, the profile counters and the
+// wall time.
 #pragma once
 
 #include <chrono>
@@ -11,7 +13,7 @@
 #include "flowkv/tensor.h"
 #include "flowkv/workspace.h"
 
-namespace flowkv::api {
+namespace flowkv::families {
 
 class ForwardRun {
  public:
@@ -47,4 +49,4 @@ class ForwardRun {
   std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
 };
 
-}  // namespace flowkv::api
+}  // namespace flowkv::families

@@ -1,3 +1,5 @@
+// The public Workspace is an arena owner: here in core beside Tensor (core/tensor.cc), so that
+// every layer that takes one (families, pipeline) can use it without reaching up into api/.
 #include "flowkv/workspace.h"
 
 #include "core/arena.h"
