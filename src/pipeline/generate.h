@@ -24,8 +24,8 @@
 #include "flowkv/pipeline.h"
 #include "io/image.h"
 #include "io/pipeline_folder.h"
-#include "sched/flow_match.h"
 #include "pipeline/stages.h"
+#include "sched/flow_match.h"
 
 namespace flowkv::pipeline {
 
