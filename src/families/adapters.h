@@ -25,7 +25,8 @@ namespace flowkv::families {
 enum class Flux2References { kKleinKV, kJoint };
 
 // The reference rule and the __call__ default step count of a FLUX.2 pipeline class, from the
-// family's table of releases (families/flux2/family.cc); an unknown class is an Error naming `where`.
+// family's table of releases (families/flux2/family.cc); an unknown class is an Error naming
+// `where`.
 Flux2References flux2_pipeline_rule(const std::string& pipeline_class, const std::string& where);
 int flux2_pipeline_default_steps(const std::string& pipeline_class);
 

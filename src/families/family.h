@@ -33,7 +33,7 @@ class GenerateSpec;
 namespace flowkv::flux2 {
 class Model;
 struct Config;
-}
+}  // namespace flowkv::flux2
 namespace flowkv::qwen {
 class Model21;
 struct Config21;

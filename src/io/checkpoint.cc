@@ -154,8 +154,8 @@ static CheckpointScan scan_checkpoint_unguarded(const std::string& path_in, bool
     if (ggufs.size() > 1) {
       std::string names;
       for (const std::string& g : ggufs) names += (names.empty() ? "" : ", ") + g;
-      fail(path.string(), ": no config.json and ", ggufs.size(),
-           " GGUF files (", names, "); keep one, or name the file");
+      fail(path.string(), ": no config.json and ", ggufs.size(), " GGUF files (", names,
+           "); keep one, or name the file");
     }
     if (ggufs.size() == 1) return scan_checkpoint_unguarded(ggufs[0], lenient);
   }

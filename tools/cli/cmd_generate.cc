@@ -151,7 +151,7 @@ int run(Opts o) {
   }
   // One picture: each stage loads its component and releases it (the smallest peak). Several:
   // the components stay loaded between pictures where they fit the machine's memory.
-  const MemoryPolicy memory = !o.memory.empty()     ? parse_memory_policy(o.memory)
+  const MemoryPolicy memory = !o.memory.empty()      ? parse_memory_policy(o.memory)
                               : o.prompts.size() > 1 ? MemoryPolicy::kAuto
                                                      : MemoryPolicy::kStaged;
   const Pipeline pipeline = Pipeline::open(o.model, {.memory = memory,
