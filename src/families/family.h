@@ -1,7 +1,9 @@
-// The family registry (design.md, "Families and the request path"). A family is a folder under
-// src/models/ plus one registration here: detection from config.json, loader, built-in models,
-// its cost-model shape, its token layout and cache rules, the tables step caches read, and the
-// adapter the one denoising loop (pipeline/denoise.h) drives. Tools, API and pipeline pick a
+// The family registry (design.md, "Families and the request path"). A family is its models
+// under src/models/ plus one folder here (src/families/<name>/: its registration and table of
+// releases, its denoise adapter, its generate spec): detection from config.json, loader,
+// built-in models, its cost-model shape, its token layout and cache rules, the tables step
+// caches read, the adapter the one denoising loop (pipeline/denoise.h) drives and the spec the
+// one generate orchestration (pipeline/generate.h) runs. Tools, API and pipeline pick a
 // family through this registry and never branch on a family's name.
 //
 // Layering: families/ sits above pipeline/, models/, cache/ and cost/, below api/.
