@@ -204,6 +204,21 @@ TEST(PipelineApi, BadRequestsFailBeforeAnyWeightLoads) {
   refused(r, "classifier-free guidance");
 }
 
+// Qwen-Image-2.1's released scheduler stretches to shift_terminal 0.02: one step is 0 / 0 in
+// diffusers (NaN sigmas). Refused by name when the request is prepared, before any load.
+TEST(PipelineApi, AScheduleDiffusersCannotComputeIsRefusedBeforeAnyLoad) {
+  const Pipeline q = Pipeline::open(qwen21(), {.memory = MemoryPolicy::kResident});
+  GenerateRequest r = qwen_cfg();
+  r.steps = 1;
+  try {
+    (void)q.generate(r);
+    ADD_FAILURE() << "a one-step stretched schedule accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("shift_terminal"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(q.stats().component_loads, 0);
+}
+
 // The pipeline class's __call__ defaults, as diffusers 0.42.1 has them.
 TEST(PipelineApi, DefaultStepsAreThePipelineClasss) {
   EXPECT_EQ(Pipeline::open(klein_kv()).default_steps(), 4);     // Flux2KleinKVPipeline

@@ -560,10 +560,19 @@ def test_qwen21(q):
     """Qwen-Image-2.1: two condition images (RGBA and RGB), RGBA out, as flowkv generate."""
     with open(Q21_RGBA, "rb") as f1, open(Q21_RGB, "rb") as f2:
         r = q.client.images.edit(image=[f1, f2], prompt=PROMPT, size="64x64",
-                                 extra_body={"steps": 1, "seed": 4})
+                                 extra_body={"steps": 2, "seed": 4})
     got = pixels_of_b64(r.data[0].b64_json)
     assert got[0] == (64, 64) and got[1] == "RGBA", got[:2]
-    assert got == cli_generate(Q21, PROMPT, 4, 1, "64x64", refs=[Q21_RGBA, Q21_RGB])
+    assert got == cli_generate(Q21, PROMPT, 4, 2, "64x64", refs=[Q21_RGBA, Q21_RGB])
+    # One step under the folder's shift_terminal: diffusers' sigmas are NaN (0 / 0); refused,
+    # naming the field, before any work.
+    with open(Q21_RGBA, "rb") as f1:
+        try:
+            q.client.images.edit(image=[f1], prompt=PROMPT, size="64x64",
+                                 extra_body={"steps": 1, "seed": 4})
+            raise AssertionError("one step under shift_terminal accepted")
+        except openai.BadRequestError as e:
+            assert "shift_terminal" in str(e), e
 
 
 def main():

@@ -136,7 +136,9 @@ flux2::Config flux2_checkpoint_config(const std::string& path);
 bool klein_runs_pipeline(const std::string& pipeline_class);
 std::shared_ptr<const pipeline::GenerateSpec> klein_open_pipeline(const PipelineFolder& p,
                                                                   const PipelineOptions& o);
-// Qwen-Image-2.1's whole pipeline (families/qwen21/generate.cc).
+// Qwen-Image-2.1's whole pipeline (families/qwen21/generate.cc), and its pipeline class's
+// __call__ default step count (the family's table of releases).
+int qwen21_pipeline_default_steps(const std::string& pipeline_class);
 bool qwen21_runs_pipeline(const std::string& pipeline_class);
 std::shared_ptr<const pipeline::GenerateSpec> qwen21_open_pipeline(const PipelineFolder& p,
                                                                    const PipelineOptions& o);
@@ -204,5 +206,10 @@ DenoiseResult run_family_denoise(const LoadedTransformer& t, const DenoiseInputs
                                  const std::optional<sched::FlowMatchConfig>& scheduler,
                                  Workspace* ws = nullptr);
 DenoiseOptions resolve_steps(const LoadedTransformer& t, DenoiseOptions o);
+// The initial latents [1, channels, h, w] as the pipelines draw them: randn from
+// torch.Generator("cpu").manual_seed(seed) in the transformer's compute type (bf16 for a bf16
+// model), widened to f32.
+Tensor torch_noise(const LoadedTransformer& t, uint64_t seed, int64_t channels, int64_t h,
+                   int64_t w);
 
 }  // namespace flowkv::families

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/arena.h"
+#include "core/random.h"
 #include "families/family.h"
 #include "flowkv/error.h"
 #include "pipeline/denoise.h"
@@ -27,6 +28,13 @@ DenoiseOptions resolve_steps(const LoadedTransformer& t, DenoiseOptions o) {
   }
   FLOWKV_CHECK(o.steps >= 1, "denoise: at least one step, got ", o.steps);
   return o;
+}
+
+Tensor torch_noise(const LoadedTransformer& t, uint64_t seed, int64_t channels, int64_t h,
+                   int64_t w) {
+  TorchGenerator g(seed);
+  const DType dtype = t.model->compute_dtype() == "BF16" ? DType::kBF16 : DType::kF32;
+  return randn_tensor(g, {1, channels, h, w}, dtype).to_f32();
 }
 
 DenoiseResult run_family_denoise(const LoadedTransformer& t, const DenoiseInputs& in,

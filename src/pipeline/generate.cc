@@ -79,6 +79,14 @@ std::optional<sched::FlowMatchConfig> pipeline_scheduler(const PipelineFolder& f
   return sched::read_scheduler_config(c.path);
 }
 
+void check_schedule(const Plan& p, const std::optional<sched::FlowMatchConfig>& scheduler,
+                    const sched::FlowMatchConfig& fallback,
+                    const std::function<double(const sched::FlowMatchConfig&)>& mu) {
+  const sched::FlowMatchConfig& cfg = scheduler ? *scheduler : fallback;
+  const std::vector<double> sigmas = p.sigmas.empty() ? sched::linspace_sigmas(p.steps) : p.sigmas;
+  (void)sched::set_timesteps(cfg, sigmas, mu(cfg));
+}
+
 // --- prepare
 
 namespace {

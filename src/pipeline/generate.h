@@ -149,6 +149,13 @@ class GenerateSpec {
 // or refused by name); nullopt when the folder names none (the family's default then).
 std::optional<sched::FlowMatchConfig> pipeline_scheduler(const PipelineFolder& folder);
 
+// Checks the request's schedule before any weight loads (what the loop would refuse later, e.g.
+// a terminal stretch of a one-step schedule): the plan's sigmas (or linspace) under the folder's
+// scheduler config, else the family's `fallback`, shifted by `mu` (the family's rule).
+void check_schedule(const Plan& p, const std::optional<sched::FlowMatchConfig>& scheduler,
+                    const sched::FlowMatchConfig& fallback,
+                    const std::function<double(const sched::FlowMatchConfig&)>& mu);
+
 // Decodes the request's images (files, then in-memory ones) and lets the spec plan it.
 Plan prepare(const GenerateSpec& spec, const GenerateRequest& request, int default_steps);
 

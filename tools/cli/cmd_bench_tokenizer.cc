@@ -10,6 +10,7 @@
 #include "commands.h"
 #include "flowkv/error.h"
 #include "flowkv/runtime.h"
+#include "inputs.h"
 
 namespace flowkv::cli {
 
@@ -35,20 +36,6 @@ const std::vector<std::string> kDefaultPrompts = {
     "a poster that says \"OPEN 24/7\" in bold letters 😀🐱🚀 — 1920×1080",
     "isn't it the rock'n'roll o'clock? WE'LL SEE... they're 12345 miles away",
 };
-
-// One prompt per line of a file, as `generate --prompts` reads it (blank lines skipped).
-std::vector<std::string> read_prompts(const std::string& path) {
-  std::ifstream f(path);
-  FLOWKV_CHECK(f, "--prompts ", path, ": cannot be read");
-  std::vector<std::string> out;
-  std::string line;
-  while (std::getline(f, line)) {
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.find_first_not_of(" \t") != std::string::npos) out.push_back(line);
-  }
-  FLOWKV_CHECK(!out.empty(), "--prompts ", path, ": no prompt in it");
-  return out;
-}
 
 // A tokenizer.json, a folder holding one, or a pipeline folder (its tokenizer/tokenizer.json).
 std::string tokenizer_file(const std::string& path) {

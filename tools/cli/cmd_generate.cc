@@ -13,6 +13,7 @@
 #include "flowkv/limits.h"
 #include "flowkv/pipeline.h"
 #include "flowkv/store.h"
+#include "inputs.h"
 #include "measure.h"
 
 namespace flowkv::cli {
@@ -56,20 +57,6 @@ void check_writable(const std::string& out) {
   FLOWKV_CHECK(::access(dir.c_str(), W_OK) == 0, "-o ", out, ": the folder ", dir.string(),
                " is not writable");
   FLOWKV_CHECK(!std::filesystem::is_directory(out), "-o ", out, ": is a folder; give a file name");
-}
-
-// One prompt per line of a file (blank lines skipped).
-std::vector<std::string> read_prompts(const std::string& path) {
-  std::ifstream f(path);
-  FLOWKV_CHECK(f, "--prompts ", path, ": cannot be read");
-  std::vector<std::string> out;
-  std::string line;
-  while (std::getline(f, line)) {
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.find_first_not_of(" \t") != std::string::npos) out.push_back(line);
-  }
-  FLOWKV_CHECK(!out.empty(), "--prompts ", path, ": no prompt in it");
-  return out;
 }
 
 // out.png -> out-3.png for the third of several pictures.
@@ -187,6 +174,19 @@ int run(Opts o) {
 }
 
 }  // namespace
+
+std::vector<std::string> read_prompts(const std::string& path) {
+  std::ifstream f(path);
+  FLOWKV_CHECK(f, "--prompts ", path, ": cannot be read");
+  std::vector<std::string> out;
+  std::string line;
+  while (std::getline(f, line)) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.find_first_not_of(" \t") != std::string::npos) out.push_back(line);
+  }
+  FLOWKV_CHECK(!out.empty(), "--prompts ", path, ": no prompt in it");
+  return out;
+}
 
 void add_generate(CLI::App& app) {
   auto* cmd = app.add_subcommand(

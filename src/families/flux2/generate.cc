@@ -13,7 +13,6 @@
 #include <memory>
 
 #include "core/arena.h"
-#include "core/random.h"
 #include "families/adapters.h"
 #include "families/family.h"
 #include "flowkv/error.h"
@@ -179,6 +178,10 @@ class KleinSpec final : public pipeline::GenerateSpec {
     l.width = gw * m, l.height = gh * m;
     l.target_tokens = gw * gh;
     l.transformer = c_.transformer;
+    pipeline::check_schedule(p, scheduler_, sched::flux2_scheduler_config(),
+                             [&](const sched::FlowMatchConfig&) {
+                               return sched::empirical_mu(l.target_tokens, p.steps);
+                             });
   }
 
   std::string text_encoder_path() const override { return c_.text_encoder; }
@@ -233,12 +236,8 @@ class KleinSpec final : public pipeline::GenerateSpec {
   }
 
   Tensor noise(pipeline::Components& comps, const pipeline::Plan& p) const override {
-    const LoadedTransformer& t = *transformer(comps);
-    TorchGenerator g(p.request.seed);
-    const DType noise_dtype = t.model->compute_dtype() == "BF16" ? DType::kBF16 : DType::kF32;
-    return flux2_vae::pack(
-        randn_tensor(g, {1, c_.transformer_cfg.in_channels, p.grid_h, p.grid_w}, noise_dtype)
-            .to_f32());
+    return flux2_vae::pack(torch_noise(*transformer(comps), p.request.seed,
+                                       c_.transformer_cfg.in_channels, p.grid_h, p.grid_w));
   }
   DenoiseResult denoise(pipeline::Components& comps, const DenoiseInputs& in,
                         const DenoiseOptions& o) const override {

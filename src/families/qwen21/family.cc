@@ -217,12 +217,26 @@ DenoiseInputs Qwen21Model::example_inputs(const ExampleShape& s) const {
   return in;
 }
 
+// The released Qwen-Image-2.1 shapes, one row each: predict, export, the cacheability report and
+// the generate defaults read this table.
+struct Released {
+  const char* name;
+  bool causal_condition;       // the block-causal prefix it is trained under
+  const char* pipeline_class;  // the diffusers pipeline it is released with
+  int default_steps;           // that pipeline's __call__ num_inference_steps
+};
+constexpr Released kReleased[] = {
+    {"qwen-image-2.1", true, "QwenImage21Pipeline", 40},
+    {"qwen-image-2.1-no-causal", false, "QwenImage21Pipeline", 40},
+};
+
 // A released shape, a built-in model, or the config of a config.json / checkpoint (inferred from
 // its shapes when it has none).
 qwen::Config21 config_of_model(const std::string& model, std::string* name) {
-  if (model == "qwen-image-2.1" || model == "qwen-image-2.1-no-causal") {
-    qwen::Config21 c;
-    c.causal_condition = model == "qwen-image-2.1";
+  for (const Released& r : kReleased) {
+    if (model != r.name) continue;
+    qwen::Config21 c;  // the class defaults are the released transformer
+    c.causal_condition = r.causal_condition;
     *name = describe(c) + ", as released";
     return c;
   }
@@ -314,8 +328,8 @@ FamilyInfo info() {
   i.images = "condition image";
   i.builtins = qwen::builtin_names21();
   i.default_builtin = "qwen21-small";
-  i.released = {"qwen-image-2.1", "qwen-image-2.1-no-causal"};
-  i.default_steps = 40;
+  for (const Released& r : kReleased) i.released.push_back(r.name);
+  i.default_steps = kReleased[0].default_steps;
   i.bench_steps = {4, 8};
   i.bench_images = {0, 1, 2};
   i.true_cfg = true;
@@ -391,6 +405,13 @@ Tensor qwen21_forward(const Qwen21Impl& impl, const Qwen21Call& call, ForwardPro
 
 LoadedTransformer qwen21_loaded(std::shared_ptr<const Qwen21Impl> t) {
   return {&by_name(kName), wrap(std::move(t)), ""};
+}
+
+int qwen21_pipeline_default_steps(const std::string& pipeline_class) {
+  for (const Released& r : kReleased) {
+    if (pipeline_class == r.pipeline_class) return r.default_steps;
+  }
+  fail("no Qwen-Image-2.1 pipeline class \"", pipeline_class, "\"");
 }
 
 cache::Topology qwen21_topology(const qwen::Model21& m) {

@@ -14,7 +14,6 @@
 #include <memory>
 
 #include "core/arena.h"
-#include "core/random.h"
 #include "families/family.h"
 #include "flowkv/error.h"
 #include "flowkv/generate.h"
@@ -148,7 +147,8 @@ class Qwen21Spec final : public pipeline::GenerateSpec {
   PixelFormat pixel_format() const override { return PixelFormat::kRGBA; }
   // QwenImage21Pipeline.__call__'s num_inference_steps (sample_sigmas, when set, fix it).
   int default_steps() const override {
-    return c_.sample_sigmas.empty() ? 40 : static_cast<int>(c_.sample_sigmas.size());
+    return c_.sample_sigmas.empty() ? qwen21_pipeline_default_steps(p_.class_name)
+                                    : static_cast<int>(c_.sample_sigmas.size());
   }
 
   void plan(pipeline::Plan& p, std::vector<Image> decoded) const override {
@@ -212,6 +212,9 @@ class Qwen21Spec final : public pipeline::GenerateSpec {
     l.target_tokens = p.grid_w * p.grid_h;
     l.transformer = c_.transformer;
     p.family = qp;
+    pipeline::check_schedule(
+        p, scheduler_, sched::qwen_image_scheduler_config(),
+        [&](const sched::FlowMatchConfig& cfg) { return sched::linear_mu(l.target_tokens, cfg); });
   }
 
   std::string text_encoder_path() const override { return c_.text_encoder; }
@@ -278,12 +281,8 @@ class Qwen21Spec final : public pipeline::GenerateSpec {
 
   // randn of [1, 1, C, h, w], flattened to tokens (_pack_latents).
   Tensor noise(pipeline::Components& comps, const pipeline::Plan& p) const override {
-    const LoadedTransformer& t = *transformer(comps);
-    TorchGenerator g(p.request.seed);
-    const DType noise_dtype = t.model->compute_dtype() == "BF16" ? DType::kBF16 : DType::kF32;
-    return qwen21_vae::pack(
-        randn_tensor(g, {1, c_.transformer_cfg.in_channels, p.grid_h, p.grid_w}, noise_dtype)
-            .to_f32());
+    return qwen21_vae::pack(torch_noise(*transformer(comps), p.request.seed,
+                                        c_.transformer_cfg.in_channels, p.grid_h, p.grid_w));
   }
   DenoiseResult denoise(pipeline::Components& comps, const DenoiseInputs& in,
                         const DenoiseOptions& o) const override {
