@@ -91,20 +91,19 @@ void check_schedule(const Plan& p, const std::optional<sched::FlowMatchConfig>& 
 
 namespace {
 
-Image decode_input(const InputImage& in, PixelFormat format) {
+Image decode_input(const InputImage& in, const std::string& name, PixelFormat format) {
   if (in.encoded.empty()) {
     const Image& d = in.decoded;
-    FLOWKV_CHECK(d.channels == 3 || d.channels == 4, in.name,
-                 ": an image has 3 or 4 channels, not ", d.channels);
-    check_image_size(d.width, d.height, in.name);
-    FLOWKV_CHECK(static_cast<int64_t>(d.pixels.size()) == d.width * d.height * d.channels, in.name,
+    FLOWKV_CHECK(d.channels == 3 || d.channels == 4, name, ": an image has 3 or 4 channels, not ",
+                 d.channels);
+    check_image_size(d.width, d.height, name);
+    FLOWKV_CHECK(static_cast<int64_t>(d.pixels.size()) == d.width * d.height * d.channels, name,
                  ": ", size_str(d.width, d.height), "x", d.channels, " needs ",
                  d.width * d.height * d.channels, " values, it holds ", d.pixels.size());
     // Converted as decoding a file converts it (PIL's convert("RGB") / convert("RGBA")).
     return format == PixelFormat::kRGBA ? to_rgba(d) : to_rgb(d);
   }
-  return decode_image(in.encoded.data(), in.encoded.size(), in.name, limits::kMaxImagePixels,
-                      format);
+  return decode_image(in.encoded.data(), in.encoded.size(), name, limits::kMaxImagePixels, format);
 }
 
 }  // namespace
@@ -121,7 +120,7 @@ Plan prepare(const GenerateSpec& spec, const GenerateRequest& request, int defau
                "the prompt holds a NUL character");
   Plan p;
   p.request = request;
-  p.request.images.clear();  // decoded below; the plan keeps pixels, not bytes
+  p.request.images = {};  // decoded below; the plan keeps pixels, not the uploads' bytes
   std::vector<Image> decoded;
   for (const std::string& path : request.references) {
     decoded.push_back(load_image(path, spec.pixel_format()));
@@ -131,9 +130,7 @@ Plan prepare(const GenerateSpec& spec, const GenerateRequest& request, int defau
     const InputImage& in = request.images[i];
     const std::string name =
         in.name.empty() ? "image " + std::to_string(request.references.size() + i + 1) : in.name;
-    InputImage named = in;
-    named.name = name;
-    decoded.push_back(decode_input(named, spec.pixel_format()));
+    decoded.push_back(decode_input(in, name, spec.pixel_format()));
     p.names.push_back(name);
   }
   p.steps = request.steps > 0 ? request.steps : default_steps;
