@@ -133,13 +133,11 @@ std::optional<Json> config_of(const std::string& path);
 // the tensors of a config-less conversion.
 flux2::Config flux2_checkpoint_config(const std::string& path);
 // FLUX.2 Klein's whole pipeline (families/flux2/generate.cc).
-bool klein_runs_pipeline(const std::string& pipeline_class);
 std::shared_ptr<const pipeline::GenerateSpec> klein_open_pipeline(const PipelineFolder& p,
                                                                   const PipelineOptions& o);
 // Qwen-Image-2.1's whole pipeline (families/qwen21/generate.cc), and its pipeline class's
 // __call__ default step count (the family's table of releases).
 int qwen21_pipeline_default_steps(const std::string& pipeline_class);
-bool qwen21_runs_pipeline(const std::string& pipeline_class);
 std::shared_ptr<const pipeline::GenerateSpec> qwen21_open_pipeline(const PipelineFolder& p,
                                                                    const PipelineOptions& o);
 // A released-shape Qwen-Image-2.1 pipeline of zero weights: the transformer, Qwen3-VL-8B, the

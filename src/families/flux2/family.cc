@@ -541,7 +541,13 @@ Family flux2_family() {
   };
   f.layout = layout_of;
   f.tables = flux1_tables();
-  f.runs_pipeline = klein_runs_pipeline;
+  // The Klein pipelines of the release table generate (Flux2Pipeline, dev's, does not).
+  f.runs_pipeline = [](const std::string& pipeline_class) {
+    for (const Released& r : kReleased) {
+      if (pipeline_class == r.pipeline_class) return pipeline_class.starts_with("Flux2Klein");
+    }
+    return false;
+  };
   f.open_pipeline = klein_open_pipeline;
   return f;
 }

@@ -293,8 +293,4 @@ std::shared_ptr<const pipeline::GenerateSpec> klein_open_pipeline(const Pipeline
   return std::make_shared<const KleinSpec>(p, o);
 }
 
-bool klein_runs_pipeline(const std::string& pipeline_class) {
-  return pipeline_class == "Flux2KleinKVPipeline" || pipeline_class == "Flux2KleinPipeline";
-}
-
 }  // namespace flowkv::families

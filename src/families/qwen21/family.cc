@@ -455,7 +455,12 @@ Family qwen21_family() {
   };
   f.layout = layout_of;
   f.tables = flux1_tables();
-  f.runs_pipeline = qwen21_runs_pipeline;
+  f.runs_pipeline = [](const std::string& pipeline_class) {
+    for (const Released& r : kReleased) {
+      if (pipeline_class == r.pipeline_class) return true;
+    }
+    return false;
+  };
   f.open_pipeline = qwen21_open_pipeline;
   return f;
 }

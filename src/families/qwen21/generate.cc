@@ -402,10 +402,6 @@ void qwen21_write_zero_pipeline(const qwen::Config21& transformer, DType dtype,
   write_file_atomic((d / "model_index.json").string(), index.dump(2));
 }
 
-bool qwen21_runs_pipeline(const std::string& pipeline_class) {
-  return pipeline_class == "QwenImage21Pipeline";
-}
-
 std::shared_ptr<const pipeline::GenerateSpec> qwen21_open_pipeline(const PipelineFolder& p,
                                                                    const PipelineOptions& o) {
   return std::make_shared<const Qwen21Spec>(p, o);
