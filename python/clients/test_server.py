@@ -54,7 +54,7 @@ def log(*a):
 class Server:
     """A `flowkv serve` child process on a free port."""
 
-    def __init__(self, model, *extra, env=None):
+    def __init__(self, model, *extra, env=None, api_key="none"):
         self.log_path = Path(TMP) / f"serve-{time.monotonic_ns()}.log"
         self.log_file = open(self.log_path, "w")
         cmd = [ARGS.flowkv, "serve", "--model", str(model), "--port", "0", *extra]
@@ -73,7 +73,7 @@ class Server:
                 pass
             assert time.time() < deadline, "no /health"
             time.sleep(0.05)
-        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0,
+        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0,
                                     timeout=60)
         self.model_id = self.client.models.list().data[0].id
 
@@ -380,7 +380,7 @@ def test_malformed_bodies(a):
     big.write_bytes(png)
     code, body = curl("-F", "prompt=fox", "-F", "image=@" + str(big), a.url + "/v1/images/edits")
     err = json.loads(body)["error"]
-    assert code == 400 and "5000x5000" in err["message"] and "--max-image-pixels" in err["message"], body
+    assert code == 400 and "5000x5000" in err["message"] and "--max-upload-pixels" in err["message"], body
     # The server goes on serving.
     assert get(a.url + "/health")[0] == 200
 
@@ -598,7 +598,8 @@ def main():
             failed.append(name)
             log(f"FAIL {name}\n{traceback.format_exc()}\n--- server log ---\n{server.log()[-3000:]}")
 
-    a = Server(KLEIN, "--workers", "2", "--timeout", "60")
+    # n=4 and 200-step requests below: over the defaults a 2-core machine can honour at real size.
+    a = Server(KLEIN, "--workers", "2", "--timeout", "60", "--max-n", "4", "--max-steps", "200")
     for name, fn in [("models_and_health", test_models_and_health),
                      ("generate_equals_cli", test_generate_equals_cli),
                      ("generate_n_seeds", test_generate_n_seeds),

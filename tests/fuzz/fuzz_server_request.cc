@@ -1,7 +1,8 @@
 // libFuzzer target: the server's request parsing (tools/server/request.h). The input is read
-// three ways: as a JSON body of /v1/images/generations and of an edit, as the value of a "size"
-// field, and, split at newlines into name=value pairs, as a multipart form's text fields. An
-// ApiError (400) is the expected answer to a hostile input; any other exception is a bug.
+// three ways: as a JSON body of /v1/images/generations and of an edit (through the server's
+// bounded parse_body), as the value of a "size" field, and, split at newlines into name=value
+// pairs, as a multipart form's text fields. An ApiError (400), whose error body renders, is
+// the expected answer to a hostile input; any other exception is a bug.
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -13,11 +14,16 @@
 
 namespace {
 
+// A hostile input must end in a 400 whose error body renders (the server answers it): the
+// message may echo the client's bytes, which need not be UTF-8.
 void only_api_errors(const std::function<void()>& f) {
   try {
     f();
   } catch (const flowkv::server::ApiError& e) {
     FUZZ_ASSERT(e.status == 400, "status %d for a bad request", e.status);
+    const std::string body =
+        flowkv::server::dump(flowkv::server::error_body(e.what(), e.type, e.param, e.code));
+    FUZZ_ASSERT(!body.empty() && body.front() == '{', "error body %s", body.c_str());
   }
 }
 
@@ -28,8 +34,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
   RequestLimits limits;
   only_api_errors([&] {
-    const nlohmann::json body = nlohmann::json::parse(text, nullptr, false);
-    if (body.is_discarded()) return;
+    // As the server reads a body: bounded in depth and values (ApiError 400 beyond).
+    const nlohmann::json body = flowkv::server::parse_body(text);
     for (bool edit : {false, true}) {
       only_api_errors([&] {
         const flowkv::server::ImageRequest r = flowkv::server::parse_request(body, edit, limits);
@@ -50,7 +56,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (end == std::string::npos) end = text.size();
       const std::string line = text.substr(start, end - start);
       const size_t eq = line.find('=');
-      fields.emplace(line.substr(0, eq), eq == std::string::npos ? "" : line.substr(eq + 1));
+      std::string name = line.substr(0, eq),
+                  value = eq == std::string::npos ? "" : line.substr(eq + 1);
+      // The server refuses a text field that is not UTF-8 before it reaches the form's JSON.
+      if (!flowkv::server::valid_utf8(name) || !flowkv::server::valid_utf8(value)) return;
+      fields.emplace(std::move(name), std::move(value));
       start = end + 1;
     }
     flowkv::server::parse_request(flowkv::server::form_fields_to_json(fields), true, limits);

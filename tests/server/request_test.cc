@@ -3,8 +3,16 @@
 #include "request.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <chrono>
+#include <cstdio>
+#include <fstream>
 #include <limits>
+
+#include "flowkv/error.h"
+#include "server.h"
 
 namespace flowkv::server {
 namespace {
@@ -188,6 +196,79 @@ TEST(ServerRequest, FormFieldsRefuseHostile) {
                             RequestLimits{});
             }),
             "cfg_scale");
+}
+
+// Bodies are parsed with a bound: 60 MB of '[' or a million numbers end in a 400 at the first
+// value over the bound, not after building the whole value.
+TEST(ServerRequest, BodyParseIsBounded) {
+  EXPECT_EQ(parse_body(R"({"prompt": "a fox", "n": 1})")["prompt"], "a fox");
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string wide = "[";
+  for (int i = 0; i < 1000000; ++i) wide += "1,";
+  wide += "1]";
+  for (const std::string& hostile :
+       {std::string(60 << 20, '['), wide,
+        std::string(kMaxJsonDepth + 1, '[') + std::string(kMaxJsonDepth + 1, ']')}) {
+    try {
+      (void)parse_body(hostile);
+      ADD_FAILURE() << "accepted a hostile body of " << hostile.size() << " bytes";
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400);
+      EXPECT_EQ(e.code, "invalid_json") << e.what();
+    }
+  }
+  std::string deep_ok;
+  for (int i = 0; i < kMaxJsonDepth - 1; ++i) deep_ok += "{\"a\":";
+  deep_ok += "1" + std::string(kMaxJsonDepth - 1, '}');
+  EXPECT_NO_THROW((void)parse_body(deep_ok));
+  EXPECT_THROW((void)parse_body("{\"prompt\": \"\xff\"}"), ApiError);  // not UTF-8
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
+}
+
+TEST(ServerRequest, Utf8) {
+  EXPECT_TRUE(valid_utf8(""));
+  EXPECT_TRUE(valid_utf8("a fox \xc3\xa9 \xe6\x97\xa5 \xf0\x9f\xa6\x8a"));
+  for (const char* bad : {"\xff", "\xc3", "\xc0\x80", "\xe0\x80\x80", "\xed\xa0\x80",
+                          "\xf4\x90\x80\x80", "\xf8\x88\x80\x80\x80", "a\x80", "\xe6\x97"}) {
+    EXPECT_FALSE(valid_utf8(bad)) << bad;
+  }
+  // An error that echoes bytes that are not UTF-8 still renders.
+  const std::string body = dump(error_body("size \xff\xfe", "invalid_request_error", "", ""));
+  EXPECT_NE(body.find("size \xef\xbf\xbd"), std::string::npos) << body;
+}
+
+std::string error_of_keys(const std::vector<std::string>& given, const std::string& file,
+                          const char* env) {
+  try {
+    (void)collect_api_keys(given, file, env);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ServerApiKeys, Sources) {
+  const std::string dir = ::testing::TempDir();
+  const std::string file = dir + "/flowkv-keys-" + std::to_string(::getpid());
+  {
+    std::ofstream f(file);
+    f << "# the team's keys\n\nkey-one-0123456789abcdef\r\n  key-two-0123456789abcdef  \n";
+  }
+  ::chmod(file.c_str(), 0600);
+  const auto keys = collect_api_keys({"key-cli-0123456789abcdef"}, file,
+                                     "key-env-0123456789abcdef,key-env2-0123456789abcdef");
+  EXPECT_EQ(keys, (std::vector<std::string>{"key-cli-0123456789abcdef", "key-env-0123456789abcdef",
+                                            "key-env2-0123456789abcdef", "key-one-0123456789abcdef",
+                                            "key-two-0123456789abcdef"}));
+  ::chmod(file.c_str(), 0644);
+  EXPECT_NE(error_of_keys({}, file, nullptr).find("chmod 600"), std::string::npos);
+  EXPECT_NE(error_of_keys({"short"}, "", nullptr).find("16 to 512"), std::string::npos);
+  EXPECT_NE(error_of_keys({"has a space in the middle"}, "", nullptr).find("printable"),
+            std::string::npos);
+  EXPECT_NE(error_of_keys({}, dir, nullptr).find("not a regular file"), std::string::npos);
+  EXPECT_NE(error_of_keys({}, "/dev/zero", nullptr).find("not a regular file"), std::string::npos);
+  std::remove(file.c_str());
+  EXPECT_TRUE(collect_api_keys({}, "", nullptr).empty());
 }
 
 }  // namespace

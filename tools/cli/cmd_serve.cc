@@ -16,7 +16,9 @@ namespace {
 
 struct ServeArgs {
   server::ServeOptions o;
-  std::string store_ram = "2G", max_body = "64M", memory_budget, memory = "resident";
+  std::string store_ram = "2G", max_body = "32M", memory_budget, memory = "resident";
+  std::vector<std::string> api_keys;
+  std::string api_key_file;
 };
 
 }  // namespace
@@ -63,11 +65,28 @@ void add_serve(CLI::App& app) {
                   "reference store in memory: conditioning latents, prompt embeddings, K/V")
       ->capture_default_str();
   cmd->add_option("--store-disk", o.store_disk, "reference store's disk tier (a folder)");
+  cmd->add_option("--api-key", a->api_keys,
+                  "a key requests must present as 'Authorization: Bearer KEY' on every route but "
+                  "/health (repeatable; visible in the process list: prefer --api-key-file or "
+                  "FLOWKV_API_KEY)");
+  cmd->add_option("--api-key-file", a->api_key_file,
+                  "a file of keys, one a line ('#' starts a comment); readable by its owner only");
   cmd->add_option("--max-body", a->max_body,
-                  "largest request body; larger ones get 413 before they are read")
+                  "largest request body, whatever its transfer encoding: a larger Content-Length "
+                  "gets 413 before the body is read, a chunked body 413 once it passes the limit")
       ->capture_default_str();
+  cmd->add_option("--header-timeout", o.header_timeout_seconds,
+                  "seconds a request's line and headers may take from their first byte (slow "
+                  "clients are cut off: 408); a body must then arrive at 16 KiB/s on average "
+                  "after 10 s")
+      ->capture_default_str()
+      ->check(CLI::Range(0.1, 3600.0));
   cmd->add_option("--max-image-pixels", o.limits.max_image_pixels,
-                  "largest output size and uploaded image, in pixels")
+                  "largest output size, in pixels (the default suits a 2-core CPU)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, limits::kMaxImagePixels));
+  cmd->add_option("--max-upload-pixels", o.limits.max_upload_pixels,
+                  "largest uploaded image, in pixels (read from its header before decoding)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, limits::kMaxImagePixels));
   cmd->add_option("--max-steps", o.limits.max_steps, "most denoising steps a request may ask")
@@ -100,6 +119,8 @@ void add_serve(CLI::App& app) {
       if (!a->memory_budget.empty()) {
         a->o.memory_budget = parse_bytes(a->memory_budget, "--memory-budget");
       }
+      a->o.api_keys =
+          server::collect_api_keys(a->api_keys, a->api_key_file, std::getenv("FLOWKV_API_KEY"));
       return server::serve(a->o);
     }));
   });

@@ -20,6 +20,21 @@ double since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+std::string log_safe(const std::string& text) {
+  std::string out;
+  for (size_t i = 0; i < text.size() && out.size() < 256; ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c < 0x20 || c == 0x7f || c == '\\') {
+      char b[8];
+      std::snprintf(b, sizeof b, "\\x%02x", c);
+      out += b;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
 int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(
              std::chrono::system_clock::now().time_since_epoch())
@@ -61,7 +76,7 @@ std::string png_b64(const GenerateResult& r) {
 
 // An uploaded image's size from its header, through the image libraries (libspng, libjpeg-turbo)
 // that flowkv itself decodes with; refused when neither reads it. Cheap: no pixel is decoded
-// before the size is known to be within --max-image-pixels.
+// before the size is known to be within --max-upload-pixels.
 std::pair<int64_t, int64_t> image_header_size(const std::string& bytes, const std::string& what) {
   if (bytes.size() >= 8 && std::memcmp(bytes.data(), "\x89PNG\r\n\x1a\n", 8) == 0) {
     spng_ctx* ctx = spng_ctx_new(0);
@@ -102,6 +117,11 @@ json read_form(const httplib::Request& hreq,
   }
   std::multimap<std::string, std::string> fields;
   for (const auto& [name, part] : hreq.files) {
+    if (!valid_utf8(name) || (part.filename.empty() && !valid_utf8(part.content))) {
+      const std::string shown = valid_utf8(name) ? "'" + name.substr(0, 64) + "'" : "a field";
+      throw ApiError(400, "form field " + shown + " is not valid UTF-8 text", "",
+                     "invalid_encoding");
+    }
     if (name == "image" || name == "image[]") {
       images.push_back(&part);
     } else if (!part.filename.empty()) {
@@ -115,7 +135,7 @@ json read_form(const httplib::Request& hreq,
   return form_fields_to_json(fields);
 }
 
-// The uploads, checked from their headers (PNG or JPEG, within --max-image-pixels), handed to
+// The uploads, checked from their headers (PNG or JPEG, within --max-upload-pixels), handed to
 // the pipeline as encoded bytes under the names the client knows them by.
 void add_uploads(const State& s, const std::vector<const httplib::MultipartFormData*>& images,
                  GenerateRequest& g) {
@@ -132,12 +152,12 @@ void add_uploads(const State& s, const std::vector<const httplib::MultipartFormD
         "image " + std::to_string(i + 1) + " (" + images[i]->filename.substr(0, 64) + ")";
     const std::string& bytes = images[i]->content;
     const auto [w, h] = image_header_size(bytes, what);
-    if (w <= 0 || h <= 0 || w * h > s.opt.limits.max_image_pixels) {
+    if (w <= 0 || h <= 0 || w * h > s.opt.limits.max_upload_pixels) {
       throw ApiError(400,
                      what + " is " + std::to_string(w) + "x" + std::to_string(h) +
                          ", over this server's limit of " +
-                         std::to_string(s.opt.limits.max_image_pixels) +
-                         " pixels (--max-image-pixels)",
+                         std::to_string(s.opt.limits.max_upload_pixels) +
+                         " pixels (--max-upload-pixels)",
                      "image", "image_too_large");
     }
     InputImage in;
@@ -155,6 +175,15 @@ void admit(State& s, const httplib::Request& hreq, bool edit, std::shared_ptr<Jo
   job = std::make_shared<Job>();
   job->id = t_served.id;
   job->edit = edit;
+  // The data's size, whatever the transfer encoding (the connection counted the raw bytes).
+  int64_t bytes = static_cast<int64_t>(hreq.body.size());
+  for (const auto& [name, part] : hreq.files) bytes += static_cast<int64_t>(part.content.size());
+  if (bytes > s.opt.max_body) {
+    throw ApiError(413,
+                   "the request body is larger than this server's limit of " +
+                       std::to_string(s.opt.max_body) + " bytes (--max-body)",
+                   "", "payload_too_large");
+  }
   json body;
   std::vector<const httplib::MultipartFormData*> images;
   if (edit) {
@@ -164,10 +193,7 @@ void admit(State& s, const httplib::Request& hreq, bool edit, std::shared_ptr<Jo
       throw ApiError(400, "/v1/images/generations takes a JSON body (application/json)", "",
                      "invalid_content_type");
     }
-    body = json::parse(hreq.body, nullptr, false);
-    if (body.is_discarded()) {
-      throw ApiError(400, "the request body is not valid JSON", "", "invalid_json");
-    }
+    body = parse_body(hreq.body);
   }
   job->req = parse_request(body, edit, s.opt.limits);
   ImageRequest& r = job->req;
@@ -188,10 +214,22 @@ void admit(State& s, const httplib::Request& hreq, bool edit, std::shared_ptr<Jo
   // Checked and its images decoded once, no weight read: the layout admission reads, the plan
   // a worker runs. The plan keeps the pixels; the upload bytes are no longer needed.
   job->prepared = std::make_shared<const PreparedRequest>(s.pipeline.prepare(r.generate));
+  // The model's size multiples: a size it would round is refused, as docs/serving.md says,
+  // naming the size it would make.
+  const GenerateLayout& layout = job->prepared->layout();
+  if (r.generate.width > 0 &&
+      (layout.width != r.generate.width || layout.height != r.generate.height)) {
+    throw ApiError(400,
+                   "'size' " + r.size +
+                       " is not a size this model makes (its sides are multiples "
+                       "of its patch); the nearest is " +
+                       std::to_string(layout.width) + "x" + std::to_string(layout.height),
+                   "size", "invalid_size");
+  }
   r.generate.images.clear();
   r.generate.images.shrink_to_fit();
   job->bytes = admit_memory(s, *job);
-  job->fd = find_connection_socket(hreq);
+  if (Connection* c = HardenedServer::current()) job->fd = c->socket();
   job->deadline =
       Clock::now() + std::chrono::microseconds(static_cast<int64_t>(s.opt.timeout_seconds * 1e6));
 }
@@ -214,7 +252,7 @@ std::string seconds_text(double s) {
 void send_error(httplib::Response& res, int status, const json& body) {
   res.status = status;
   if (status == 503) res.set_header("Retry-After", "5");
-  res.set_content(body.dump(), "application/json");
+  res.set_content(dump(body), "application/json");
 }
 
 }  // namespace
@@ -312,12 +350,12 @@ std::pair<int, json> error_of(State& s, const Job* j, std::exception_ptr ep) {
   } catch (const KVBudgetError& e) {
     return {503, error_body(e.what(), "server_error", "", "memory_budget")};
   } catch (const Error& e) {
-    // The library names an upload as the client knows it ("image 2 (photo.png)"): no path of
-    // the server's is in its messages.
-    return {400, error_body(e.what(), "invalid_request_error", "", "invalid_request")};
+    // The library names an upload as the client knows it ("image 2 (photo.png)"); a path of the
+    // server's (the model folder, the store) is replaced by a name before the client sees it.
+    return {400, error_body(s.redact(e.what()), "invalid_request_error", "", "invalid_request")};
   } catch (const std::exception& e) {
     std::fprintf(stderr, "request %llu: internal error: %s\n",
-                 static_cast<unsigned long long>(t_served.id), e.what());
+                 static_cast<unsigned long long>(t_served.id), log_safe(e.what()).c_str());
     return {500, error_body("internal server error", "server_error", "", "internal_error")};
   } catch (...) {
     return {500, error_body("internal server error", "server_error", "", "internal_error")};
@@ -325,6 +363,7 @@ std::pair<int, json> error_of(State& s, const Job* j, std::exception_ptr ep) {
 }
 
 void handle_images(State& s, const httplib::Request& hreq, httplib::Response& res, bool edit) {
+  handling();
   std::shared_ptr<Job> job;
   try {
     admit(s, hreq, edit, job);
@@ -347,7 +386,7 @@ void handle_images(State& s, const httplib::Request& hreq, httplib::Response& re
       res.status = 200;
       if (const std::string k = store_keys_header(images); !k.empty())
         res.set_header("X-Flowkv-Store-Keys", k);
-      res.set_content(body.dump(), "application/json");
+      res.set_content(dump(body), "application/json");
       return;
     }
     if (s.admission->full()) {

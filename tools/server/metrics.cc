@@ -1,6 +1,7 @@
 // /metrics for flowkv serve (state.h): the server's counters and gauges, the reference store's
 // and the pipeline's, in Prometheus' text format (version 0.0.4).
 #include <sstream>
+#include <tuple>
 
 #include "flowkv/runtime.h"
 #include "state.h"
@@ -82,9 +83,30 @@ void render_pipeline(std::ostringstream& o, const PipelineStats& p) {
     << p.requests << "\n";
 }
 
+void render_connections(std::ostringstream& o, const ConnectionRegistry& c) {
+  const std::tuple<const char*, const char*, int64_t> kCounters[] = {
+      {"evicted", "connections shut down to free a thread for a new one (slow readers first)",
+       c.evicted.load()},
+      {"header_timeouts", "requests whose headers did not arrive within --header-timeout",
+       c.header_timeouts.load()},
+      {"body_timeouts", "request bodies that arrived slower than the minimum rate",
+       c.body_timeouts.load()},
+      {"too_large", "request bodies refused over --max-body (declared or counted)",
+       c.too_large.load()},
+      {"refused", "requests refused from their headers (no length, an encoding)",
+       c.refused.load()}};
+  for (const auto& [name, help, v] : kCounters) {
+    o << "# HELP flowkv_connection_" << name << "_total " << help << ".\n# TYPE flowkv_connection_"
+      << name << "_total counter\nflowkv_connection_" << name << "_total " << v << "\n";
+  }
+  o << "# HELP flowkv_connections Open client connections.\n# TYPE flowkv_connections gauge\n"
+    << "flowkv_connections " << c.size() << "\n";
+}
+
 }  // namespace
 
-std::string Metrics::render(const ReferenceStore& store, const PipelineStats& pipeline) const {
+std::string Metrics::render(const ReferenceStore& store, const PipelineStats& pipeline,
+                            const ConnectionRegistry& connections) const {
   std::ostringstream o;
   std::lock_guard<std::mutex> l(m_);
   o << "# HELP flowkv_requests_total HTTP requests answered, by route and status.\n"
@@ -99,7 +121,8 @@ std::string Metrics::render(const ReferenceStore& store, const PipelineStats& pi
       {"rejected_queue_full", "requests refused because the queue was full"},
       {"rejected_memory", "requests refused because they alone exceed --memory-budget"},
       {"images", "images generated"},
-      {"shutdown_aborted", "requests stopped by a shutdown past its grace period"}};
+      {"shutdown_aborted", "requests stopped by a shutdown past its grace period"},
+      {"unauthorized", "requests refused for a missing or wrong API key"}};
   for (const auto& [name, help] : kCounters) {
     auto it = counters_.find(name);
     o << "# HELP flowkv_" << name << "_total " << help << ".\n# TYPE flowkv_" << name
@@ -124,6 +147,7 @@ std::string Metrics::render(const ReferenceStore& store, const PipelineStats& pi
     << "\n";
   render_store(o, store.stats());
   render_pipeline(o, pipeline);
+  render_connections(o, connections);
   o << "# HELP flowkv_peak_rss_bytes The process's peak resident memory.\n"
     << "# TYPE flowkv_peak_rss_bytes gauge\nflowkv_peak_rss_bytes " << peak_rss() << "\n";
   return o.str();

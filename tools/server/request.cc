@@ -98,6 +98,69 @@ std::pair<int64_t, int64_t> parse_size(const std::string& text, int64_t max_pixe
   return {static_cast<int64_t>(w), static_cast<int64_t>(h)};
 }
 
+json parse_body(const std::string& text) {
+  struct Over {
+    std::string what;
+  };
+  int64_t values = 0;
+  try {
+    json body = json::parse(
+        text,
+        [&values](int depth, json::parse_event_t event, json&) {
+          if (depth >= kMaxJsonDepth)
+            throw Over{"nested deeper than " + std::to_string(kMaxJsonDepth)};
+          if (event == json::parse_event_t::value || event == json::parse_event_t::object_start ||
+              event == json::parse_event_t::array_start) {
+            if (++values > kMaxJsonValues)
+              throw Over{"more than " + std::to_string(kMaxJsonValues) + " values"};
+          }
+          return true;
+        },
+        false);
+    if (body.is_discarded())
+      throw ApiError(400, "the request body is not valid JSON", "", "invalid_json");
+    return body;
+  } catch (const Over& o) {
+    throw ApiError(400,
+                   "the request body's JSON is " + o.what + "; an images request is a flat object",
+                   "", "invalid_json");
+  }
+}
+
+bool valid_utf8(const std::string& s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    int n = 0;
+    uint32_t cp = 0;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if ((c & 0xE0) == 0xC0) {
+      n = 1;
+      cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      n = 2;
+      cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      n = 3;
+      cp = c & 0x07;
+    } else {
+      return false;
+    }
+    if (i + static_cast<size_t>(n) >= s.size()) return false;
+    for (int k = 1; k <= n; ++k) {
+      const auto d = static_cast<unsigned char>(s[i + static_cast<size_t>(k)]);
+      if ((d & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (d & 0x3F);
+    }
+    static constexpr uint32_t kMin[] = {0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += static_cast<size_t>(n) + 1;
+  }
+  return true;
+}
+
 ImageRequest parse_request(const json& body, bool edit, const RequestLimits& limits) {
   if (!body.is_object()) bad("", "the request body must be a JSON object");
   ImageRequest r;

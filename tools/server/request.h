@@ -32,10 +32,13 @@ nlohmann::json error_body(const std::string& message, const std::string& type,
                           const std::string& param, const std::string& code);
 
 struct RequestLimits {
-  int64_t max_image_pixels = int64_t{4096} * 4096;  // output size, and each uploaded image
-  int max_steps = 200;
+  // Defaults a 2-core CPU can honour within the default --timeout at real model sizes
+  // (docs/serving.md); raise them for bigger machines.
+  int64_t max_image_pixels = int64_t{1024} * 1024;   // the output size
+  int64_t max_upload_pixels = int64_t{4096} * 4096;  // each uploaded image (resized by the model)
+  int max_steps = 50;
   int max_references = 8;
-  int max_n = 4;
+  int max_n = 2;
   int64_t max_prompt_bytes = int64_t{64} << 10;
 };
 
@@ -49,6 +52,22 @@ struct ImageRequest {
   bool progress_events = true;  // flowkv.progress events in a stream
   std::string size = "auto";    // as asked
 };
+
+// The JSON text of a response: bytes that are not UTF-8 (a client's, echoed in a message)
+// become U+FFFD instead of an exception.
+inline std::string dump(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+// A request's JSON body, parsed with a bound: at most kMaxJsonDepth deep and kMaxJsonValues
+// values, stopped at the first value over either (60 MB of '[' costs microseconds, not
+// gigabytes). The images API's bodies are a flat object of a few fields. ApiError 400 otherwise.
+constexpr int kMaxJsonDepth = 16;
+constexpr int64_t kMaxJsonValues = 4096;
+nlohmann::json parse_body(const std::string& text);
+
+// Whether `s` is well-formed UTF-8 (no overlongs, surrogates or code points past U+10FFFF).
+bool valid_utf8(const std::string& s);
 
 // "auto" -> (0, 0); "WxH" (decimal, 1..65536 each, W*H <= max_pixels) -> (W, H).
 std::pair<int64_t, int64_t> parse_size(const std::string& text, int64_t max_pixels);

@@ -27,6 +27,7 @@
 #include <utility>
 #include <vector>
 
+#include "connection.h"
 #include "flowkv/generate.h"
 #include "flowkv/pipeline.h"
 #include "flowkv/store.h"
@@ -39,6 +40,14 @@ using Clock = std::chrono::steady_clock;
 
 double since(Clock::time_point t0);
 int64_t unix_now();
+
+// A client's text for the log: control characters and backslashes escaped (no forged lines),
+// at most 256 bytes.
+std::string log_safe(const std::string& text);
+// The handler runs: its connection reads under no header or body deadline any more.
+inline void handling() {
+  if (Connection* c = HardenedServer::current()) c->handling();
+}
 
 // ---- metrics.cc
 
@@ -54,7 +63,8 @@ class Metrics {
 
   // The Prometheus text: the server's own figures, the store's, and the pipeline's (component
   // loads and their seconds: a resident pipeline loads each component once).
-  std::string render(const ReferenceStore& store, const PipelineStats& pipeline) const;
+  std::string render(const ReferenceStore& store, const PipelineStats& pipeline,
+                     const ConnectionRegistry& connections) const;
 
  private:
   mutable std::mutex m_;
@@ -106,6 +116,19 @@ struct State {
   std::atomic<bool> stopping{false};   // SIGTERM: no new requests
   std::atomic<bool> abort_all{false};  // grace period over: running requests are cancelled
   std::atomic<uint64_t> next_id{1};
+  ConnectionRegistry* connections = nullptr;  // the server's (for /metrics)
+  // The server's own paths (the model folder as given, absolute and canonical; the store's
+  // folder) and the names a client sees instead, longest first.
+  std::vector<std::pair<std::string, std::string>> private_paths;
+  std::string redact(std::string message) const {
+    for (const auto& [path, name] : private_paths) {
+      for (size_t at = message.find(path); at != std::string::npos;
+           at = message.find(path, at + name.size())) {
+        message.replace(at, path.size(), name);
+      }
+    }
+    return message;
+  }
 };
 
 // What the log line and the metrics say about the request this thread answers.
@@ -164,9 +187,7 @@ void handle_images(State& s, const httplib::Request& hreq, httplib::Response& re
 
 // ---- stream.cc
 
-// The socket of the connection that carries `req` (-1 when not found), and whether its peer
-// has closed it.
-int find_connection_socket(const httplib::Request& req);
+// Whether the peer of a connection's socket has closed it.
 bool peer_closed(int fd);
 // Answers the admitted streaming job: headers now, server-sent events as it runs.
 void stream_images(State& s, std::shared_ptr<Job> job, httplib::Response& res);

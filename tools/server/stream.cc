@@ -1,16 +1,10 @@
-// The connection side of flowkv serve (state.h): finding a request's socket to notice a client
-// that leaves, and streaming a request's progress, partial images and pictures as server-sent
-// events (OpenAI's image_generation.* / image_edit.* events, plus flowkv.progress).
-#include <arpa/inet.h>
-#include <dirent.h>
-#include <netinet/in.h>
+// The connection side of flowkv serve (state.h): noticing a client that leaves, and streaming a
+// request's progress, partial images and pictures as server-sent events (OpenAI's
+// image_generation.* / image_edit.* events, plus flowkv.progress).
 #include <poll.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <cerrno>
-#include <cstdlib>
 
 #include "state.h"
 
@@ -18,55 +12,9 @@ namespace flowkv::server {
 
 // ---- the connection's socket
 // httplib 0.11.4 gives a handler no way to learn that its client left (is_connection_closed
-// came in later versions), so a request finds its connection's socket among the process's
-// descriptors by its address pair and polls it: the peer's FIN or RST shows as POLLRDHUP /
-// POLLHUP / a zero-byte peek. A client that half-closes its side while waiting looks gone.
-
-namespace {
-
-uint16_t port_of(const sockaddr_storage& a) {
-  if (a.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in&>(a).sin_port);
-  if (a.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6&>(a).sin6_port);
-  return 0;
-}
-
-std::string ip_of(const sockaddr_storage& a) {
-  char buf[INET6_ADDRSTRLEN] = {0};
-  if (a.ss_family == AF_INET) {
-    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in&>(a).sin_addr, buf, sizeof buf);
-  } else if (a.ss_family == AF_INET6) {
-    inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6&>(a).sin6_addr, buf, sizeof buf);
-  }
-  return buf;
-}
-
-}  // namespace
-
-int find_connection_socket(const httplib::Request& req) {
-  DIR* d = ::opendir("/proc/self/fd");
-  if (!d) return -1;
-  int found = -1;
-  while (dirent* e = ::readdir(d)) {
-    char* end = nullptr;
-    const long fd = std::strtol(e->d_name, &end, 10);
-    if (end == e->d_name || *end != '\0' || fd < 0) continue;
-    struct stat st {};
-    if (::fstat(static_cast<int>(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
-    sockaddr_storage local{}, peer{};
-    socklen_t ll = sizeof local, pl = sizeof peer;
-    if (::getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &ll) != 0 ||
-        ::getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&peer), &pl) != 0) {
-      continue;
-    }
-    if (port_of(local) == req.local_port && port_of(peer) == req.remote_port &&
-        ip_of(peer) == req.remote_addr) {
-      found = static_cast<int>(fd);
-      break;
-    }
-  }
-  ::closedir(d);
-  return found;
-}
+// came in later versions); the request's Connection (connection.h) knows its socket, which is
+// polled: the peer's FIN or RST shows as POLLRDHUP / POLLHUP / a zero-byte peek. A client that
+// half-closes its side while waiting looks gone.
 
 bool peer_closed(int fd) {
   if (fd < 0) return false;
@@ -88,7 +36,7 @@ namespace {
 using nlohmann::json;
 
 std::string sse(const std::string& event, const json& data) {
-  return "event: " + event + "\ndata: " + data.dump() + "\n\n";
+  return "event: " + event + "\ndata: " + dump(data) + "\n\n";
 }
 
 }  // namespace
