@@ -22,14 +22,15 @@ exclude='^format$'
 # Their parsers are fuzzed under ASan + UBSan (scripts/fuzz.sh), and the kernels they run are
 # exercised here through ops_test and thread_test. Their gtest entries show as *_NOT_BUILT here.
 asan_tests=(ops_test io_test gguf_test thread_test atomic_write_test hostile_test image_test
-            tokenizer_test ref_store_test server_request_test pipeline_api_test)
+            tokenizer_test ref_store_test server_request_test server_connection_test
+            pipeline_api_test)
 build_target=("${asan_tests[@]}")
 exclude+='|_NOT_BUILT$'
 
 if [[ ${FLOWKV_SANITIZE_CLI:-0} == 1 ]]; then
   build_target=(all)
 else
-  exclude+='|^cli\.|^server\.(openai_clients|resident_pipeline)$'
+  exclude+='|^cli\.|^server\.(openai_clients|resident_pipeline|hostile)$'
 fi
 # The slow suites (seconds under ASan + UBSan, 2 cores): every step cache policy composed with
 # Qwen-Image-2.1's prefix cache (44), request isolation (21), and the per-family denoise tests
