@@ -2,7 +2,8 @@
 // the RAM tier (hit / miss counters, LRU order, pinning by handle, rejection of what cannot fit,
 // concurrent use), and the disk tier (a second store finds what the first wrote, bit for bit;
 // truncated, corrupted and renamed files are refused, removed, counted and missed; the disk
-// budget; a folder that cannot be written does not fail the request).
+// budget; a folder that cannot be written does not fail the request). The disk tier's secret,
+// forged, copied, planted and non-finite files are in store_disk_test.cc.
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -62,6 +63,17 @@ float value_of(const Handle& h) {
 
 std::string file_of(const TempDir& d, const Key& k) {
   return d.file(disk::file_name(k));
+}
+
+// The secret files are sealed with where no store folder is involved.
+constexpr Secret kSecret = {1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14, 15, 16,
+                            17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32};
+
+// The secret of the store in `d` (made now when it has none yet).
+Secret secret_of(const TempDir& d) {
+  const disk::SecretResult r = disk::open_secret(d.path().string());
+  EXPECT_TRUE(r.ok) << r.error;
+  return r.secret;
 }
 
 // ---- keys
@@ -396,86 +408,109 @@ void expect_same(const Entry& a, const Entry& b) {
   }
 }
 
-// The bytes with their trailing checksum recomputed (so a test reaches the checks after it).
+// The bytes with both MACs recomputed (so a test reaches the checks after them).
 std::string resealed(std::string s) {
-  const Sha256Digest d = Sha256::of(s.data(), s.size() - 32);
-  std::memcpy(s.data() + s.size() - 32, d.data(), 32);
-  return s;
+  return disk::reseal(kSecret, std::move(s));
 }
 
 TEST(StoreFormat, RoundTripsEveryTensorBitForBit) {
   const Key k = key_of("prompt", 5);
   const Entry e = mixed_entry();
-  const std::string bytes = serialize(k, e);
+  const std::string bytes = serialize(k, e, kSecret);
   EXPECT_EQ(static_cast<int64_t>(bytes.size()), disk::file_bytes(k, e));
-  EXPECT_EQ(bytes.size() % 64, 32u);  // 64-aligned payloads, then the checksum
-  expect_same(deserialize(k, bytes, "x.fkv"), e);
-  EXPECT_EQ(serialize(k, deserialize(k, bytes, "x.fkv")), bytes);
+  EXPECT_EQ(bytes.size() % 64, 32u);  // 64-aligned payloads, then the MAC
+  expect_same(deserialize(k, bytes, kSecret, "x.fkv"), e);
+  EXPECT_EQ(serialize(k, deserialize(k, bytes, kSecret, "x.fkv"), kSecret), bytes);
   const Entry none;
-  expect_same(deserialize(k, serialize(k, none), "x"), none);
+  expect_same(deserialize(k, serialize(k, none, kSecret), kSecret, "x"), none);
 }
 
 TEST(StoreFormat, RefusesDamagedAndForeignBytesNamingTheFile) {
   const Key k = key_of("latents", 1);
-  const std::string good = serialize(k, entry_of(16, 1.5f));
+  const std::string good = serialize(k, entry_of(16, 1.5f), kSecret);
   auto refuse = [&](const std::string& bytes, std::initializer_list<std::string> fragments,
                     const Key& key) {
-    expect_error([&] { deserialize(key, bytes, "dir/latents-x.fkv"); }, fragments);
+    expect_error([&] { deserialize(key, bytes, kSecret, "dir/latents-x.fkv"); }, fragments);
   };
+  // Offsets: magic 8, version 4, header length 4, kind "latents" 1+7, digest 32, count 4, then
+  // per tensor: dtype name 1+3 "F32", ndim 1, dims 8 each; the header ends at 73, its MAC at
+  // 73..105, zeros to 128, the payload.
+  constexpr size_t kLength = 12, kKind = 17, kCount = 16 + 8 + 32, kDtype = kCount + 4,
+                   kNdim = kDtype + 4, kDim = kNdim + 1, kEnd = kDim + 8, kPad = kEnd + 32;
+  ASSERT_EQ(static_cast<uint8_t>(good[kLength]), kEnd);
+  ASSERT_EQ(static_cast<uint8_t>(good[kDim]), 16);
   refuse("", {"dir/latents-x.fkv", "bad magic"}, k);
-  refuse(good.substr(0, 20), {"dir/latents-x.fkv", "truncated", "key digest"}, k);
+  refuse(good.substr(0, 14), {"dir/latents-x.fkv", "truncated", "header length"}, k);
+  refuse(good.substr(0, 20), {"dir/latents-x.fkv", "truncated", "header and its MAC need 105"}, k);
   refuse(good.substr(0, good.size() - 1), {"dir/latents-x.fkv", "truncated or extended"}, k);
   refuse(good + "x", {"truncated or extended"}, k);
   std::string flipped = good;
   flipped[130] ^= 0x10;  // a payload bit (the payload starts at 128)
-  refuse(flipped, {"dir/latents-x.fkv", "checksum mismatch"}, k);
+  refuse(flipped, {"dir/latents-x.fkv", "MAC mismatch"}, k);
   std::string sum = good;
   sum.back() ^= 1;
-  refuse(sum, {"checksum mismatch"}, k);
+  refuse(sum, {"MAC mismatch"}, k);
+  std::string head = good;
+  head[kDim] = 8;  // a header byte: its MAC refuses it before any field after the prelude is read
+  refuse(head, {"dir/latents-x.fkv", "header's MAC does not match"}, k);
   // Another key's file (renamed), another kind with the same digest.
   const Key other = key_of("latents", 2);
   refuse(good, {"dir/latents-x.fkv", "renamed or copied", other.hex(), k.hex()}, other);
   refuse(good, {"renamed or copied"}, Key{"kv", k.digest});
   std::string kind = good;
-  kind[13] = 'L';  // "Latents"
-  refuse(kind, {"the kind is not 1 to 32 characters"}, Key{"Latents", k.digest});
+  kind[kKind] = 'L';  // "Latents"
+  refuse(resealed(kind), {"the kind is not 1 to 32 characters"}, Key{"Latents", k.digest});
   std::string version = good;
-  version[8] = 2;
-  refuse(version, {"format version 2", "reads version 1"}, k);
-  // Header fields (offsets: magic 8, version 4, kind "latents" 1+7, digest 32, count 4, then
-  // per tensor: dtype name 1+3 "F32", ndim 1, dims 8 each; the header ends at 69, padded to 128).
-  constexpr size_t kCount = 8 + 4 + 8 + 32, kDtype = kCount + 4, kNdim = kDtype + 4,
-                   kDim = kNdim + 1, kEnd = kDim + 8;
-  ASSERT_EQ(static_cast<uint8_t>(good[kDim]), 16);
+  version[8] = 1;
+  refuse(version, {"format version 1", "reads version 2"}, k);
+  version[8] = 3;
+  refuse(version, {"format version 3", "reads version 2"}, k);
+  // Header fields (both MACs recomputed, so the checks behind them are reached).
   std::string s = good;
+  s[kLength] = 5;  // checked before the MAC
+  refuse(s, {"header length 5 is outside 54.."}, k);
+  s = good;
+  s[kLength + 2] = 1;  // 64 KiB + 73: longer than the file
+  refuse(resealed(s), {"header and its MAC need 65641"}, k);
+  s = good;
+  s[kLength + 3] = 1;  // 16 MiB + 73: over the largest header the limits allow
+  refuse(resealed(s), {"header length 16777289 is outside"}, k);
+  s = good;
+  s[kLength] = kEnd + 8;  // the header's fields end before its length
+  refuse(resealed(s), {"the header's fields end at 73 but its length is 81"}, k);
+  s = good;
   s[kCount] = '\xff';
   s[kCount + 1] = '\xff';
-  refuse(s, {"65535 tensors", "at most 4096"}, k);
+  refuse(resealed(s), {"65535 tensors", "at most 4096"}, k);
   s = good;
-  s[kCount] = 2;  // a second tensor header made of padding: a zero-length dtype name
-  refuse(s, {"tensor 1: unknown dtype ''"}, k);
+  s[kCount] = 2;  // a second tensor header past the header's end
+  refuse(resealed(s), {"truncated: dtype name length", "the header ends at 73"}, k);
+  s[kLength] = kEnd + 1;  // ... and one of a zero byte: a zero-length dtype name
+  s[kEnd] = 0;
+  refuse(resealed(s), {"tensor 1: unknown dtype ''"}, k);
   s = good;
   s[kDtype + 1] = 'I';  // "I32"
-  refuse(s, {"tensor 0: unknown dtype 'I32'"}, k);
+  refuse(resealed(s), {"tensor 0: unknown dtype 'I32'"}, k);
   s = good;
   s[kNdim] = 9;
-  refuse(s, {"tensor 0 has 9 dimensions", "at most 8"}, k);
+  refuse(resealed(s), {"tensor 0 has 9 dimensions", "at most 8"}, k);
   s = good;
   s[kDim + 7] = '\x80';  // a dimension above 2^63
-  refuse(s, {"larger than the largest signed 64-bit size"}, k);
+  refuse(resealed(s), {"larger than the largest signed 64-bit size"}, k);
   s = good;
   s[kDim + 5] = '\x10';  // 2^44 + 16 floats in a file of a few hundred bytes: no allocation
-  refuse(s, {"header describes", "truncated or extended"}, k);
+  refuse(resealed(s), {"header describes", "truncated or extended"}, k);
   s = good;
-  s[kEnd] = '\x40';  // with ndim 2, the padding becomes a dimension of 2^62: 16 x 2^62
+  s[kLength] = kEnd + 8;  // with ndim 2, 8 more header bytes are a dimension of 2^62: 16 x 2^62
+  s[kEnd] = '\x40';
   s[kEnd + 7] = '\x40';
   s[kNdim] = 2;
-  refuse(s, {"tensor 0", "overflows 64 bits"}, k);
-  // Past the sizes, padding that is not zero (checksum recomputed).
+  refuse(resealed(s), {"tensor 0", "overflows 64 bits"}, k);
+  // Past the sizes, padding that is not zero (MACs recomputed).
   s = good;
-  s[kEnd + 1] = 1;
+  s[kPad + 1] = 1;
   refuse(resealed(s), {"non-zero padding after the header"}, k);
-  s = serialize(k, entry_of(3, 1.0f));  // 12 bytes of payload, then 52 of padding
+  s = serialize(k, entry_of(3, 1.0f), kSecret);  // 12 bytes of payload, then 52 of padding
   s[s.size() - 32 - 1] = 1;
   refuse(resealed(s), {"non-zero padding after a tensor"}, k);
 }
@@ -483,18 +518,19 @@ TEST(StoreFormat, RefusesDamagedAndForeignBytesNamingTheFile) {
 TEST(StoreFormat, RefusesQuantizedRowsThatAreNotWholeBlocks) {
   const Key k = key_of("kv", 1);
   Entry e{{Tensor::zeros({1, 32}, DType::kQ8_0)}};
-  std::string s = serialize(k, e);
-  constexpr size_t kDim1 = 8 + 4 + 3 + 32 + 4 + 5 + 1 + 8;  // "Q8_0": 1+4 name bytes
+  std::string s = serialize(k, e, kSecret);
+  constexpr size_t kDim1 = 8 + 4 + 4 + 3 + 32 + 4 + 5 + 1 + 8;  // "Q8_0": 1+4 name bytes
   ASSERT_EQ(static_cast<uint8_t>(s[kDim1]), 32);
   s[kDim1] = 31;
-  expect_error([&] { deserialize(k, resealed(s), "q.fkv"); },
+  expect_error([&] { deserialize(k, resealed(s), kSecret, "q.fkv"); },
                {"q.fkv", "whole blocks of 32 elements"});
 }
 
 TEST(StoreFormat, RefusesToWriteWhatItCouldNotRead) {
-  expect_error([] { serialize(key_of("kv", 0), Entry{{Tensor()}}); }, {"tensor 0 is undefined"});
+  expect_error([] { serialize(key_of("kv", 0), Entry{{Tensor()}}, kSecret); },
+               {"tensor 0 is undefined"});
   Entry deep{{Tensor::zeros({1, 1, 1, 1, 1, 1, 1, 1, 1})}};
-  expect_error([&] { serialize(key_of("kv", 0), deep); }, {"9 dimensions"});
+  expect_error([&] { serialize(key_of("kv", 0), deep, kSecret); }, {"9 dimensions"});
 }
 
 TEST(StoreDisk, ASecondStoreFindsTheEntryBitForBit) {
@@ -510,7 +546,7 @@ TEST(StoreDisk, ASecondStoreFindsTheEntryBitForBit) {
     EXPECT_EQ(st.disk_bytes, disk::file_bytes(k, e));
     EXPECT_EQ(st.disk_errors, 0);
   }
-  EXPECT_EQ(d.list(), std::vector<std::string>{"kv-" + k.hex() + ".fkv"});
+  EXPECT_EQ(d.list(), (std::vector<std::string>{"kv-" + k.hex() + ".fkv", disk::kSecretFile}));
   Store b(with_disk(d.path().string()));
   EXPECT_EQ(b.stats().disk_entries, 1);  // found at start-up
   Handle h = b.find(k);
@@ -558,15 +594,16 @@ void expect_refused_file(const TempDir& d, const Key& k, const std::string& reas
 TEST(StoreDisk, TruncatedFlippedAndRenamedFilesAreRefusedRemovedAndMissed) {
   TempDir d;
   const Key k = key_of("latents", 3);
-  const std::string good = serialize(k, entry_of(64, 3.0f));
+  const Secret secret = secret_of(d);
+  const std::string good = serialize(k, entry_of(64, 3.0f), secret);
   test::write_file(file_of(d, k), good.substr(0, good.size() - 100));
   expect_refused_file(d, k, "truncated");
   std::string flipped = good;
   flipped[300] ^= 4;
   test::write_file(file_of(d, k), flipped);
-  expect_refused_file(d, k, "checksum mismatch");
+  expect_refused_file(d, k, "MAC mismatch");
   // Another key's (valid) file under this key's name.
-  test::write_file(file_of(d, k), serialize(key_of("latents", 4), entry_of(64, 4.0f)));
+  test::write_file(file_of(d, k), serialize(key_of("latents", 4), entry_of(64, 4.0f), secret));
   expect_refused_file(d, k, "renamed or copied");
   // Not a file at all.
   fs::create_directory(file_of(d, k));
@@ -580,7 +617,7 @@ TEST(StoreDisk, TruncatedFlippedAndRenamedFilesAreRefusedRemovedAndMissed) {
 
 TEST(StoreDisk, EvictsTheOldestFilesOverTheDiskBudget) {
   TempDir d;
-  const int64_t file = disk::file_bytes(key_of("kv", 0), entry_of(100, 0.0f));  // 544 bytes
+  const int64_t file = disk::file_bytes(key_of("kv", 0), entry_of(100, 0.0f));  // 608 bytes
   {
     Store s(with_disk(d.path().string(), 2 * file));
     for (int i = 0; i < 3; ++i) s.insert(key_of("kv", i), entry_of(100, float(i)));
@@ -659,7 +696,8 @@ TEST(StoreDisk, AFullDiskDoesNotFailTheRequest) {
   EXPECT_EQ(s.stats().disk_writes, 1);
   EXPECT_NE(s.last_disk_error().find("File too large"), std::string::npos);
   // Neither the failed file nor its temporary is left.
-  EXPECT_EQ(d.list(), std::vector<std::string>{disk::file_name(key_of("kv", 1))});
+  EXPECT_EQ(d.list(),
+            (std::vector<std::string>{disk::file_name(key_of("kv", 1)), disk::kSecretFile}));
 }
 
 // Threads sharing a store whose RAM holds few entries: most lookups go to the disk tier while
@@ -689,10 +727,12 @@ TEST(StoreDisk, ConcurrentUseThroughTheDiskTierStaysConsistent) {
   EXPECT_GT(st.disk_hits, 0);
   EXPECT_EQ(st.disk_entries, kKeys);
   EXPECT_LE(st.bytes, 3 * 256);
-  EXPECT_EQ(d.list().size(), size_t{kKeys});  // no temporary left
+  EXPECT_EQ(d.list().size(), size_t{kKeys} + 1);  // no temporary left; the secret
+  const Secret secret = secret_of(d);
   for (int i = 0; i < kKeys; ++i) {
     const Key k = key_of("kv", i);
-    EXPECT_EQ(deserialize(k, test::read_file(file_of(d, k)), "f").tensors.at(0).f32()[5], i);
+    EXPECT_EQ(deserialize(k, test::read_file(file_of(d, k)), secret, "f").tensors.at(0).f32()[5],
+              i);
   }
 }
 

@@ -12,8 +12,10 @@
 //              text embeddings). The unit is the whole set: references attend to each other.
 // A hit gives output bit-identical to a miss. An entry a running request holds is pinned; the
 // others are evicted least recently used first when the RAM budget is exceeded. An optional
-// disk tier keeps evicted and new entries as files in a folder, each checked (format, key,
-// sizes, SHA-256 of the payload) when read back and dropped when it fails the check.
+// disk tier keeps evicted and new entries as files in a folder, each sealed with HMAC-SHA256
+// under a secret the store makes once in that folder (store.key, mode 0600), and checked
+// (format, MACs, key, sizes, finite values) when read back and dropped when it fails the check:
+// a file anyone else wrote, or another store, is never served.
 // Thread-safe: one store serves concurrent requests.
 #pragma once
 
@@ -29,7 +31,9 @@ struct StoreOptions {
   // The share of ram_bytes prompt embeddings may hold; they evict only each other, so that new
   // prompts never push out reference work (latents, K/V), which they can.
   double prompt_share = 0.125;
-  std::string disk_dir;  // "": no disk tier
+  // "": no disk tier. The folder holds the store's secret, store.key: a ReferenceStore refuses
+  // (flowkv::Error) a store.key that is not a 32-byte regular file readable by its owner only.
+  std::string disk_dir;
   int64_t disk_bytes = int64_t{16} << 30;
 };
 

@@ -155,6 +155,11 @@ bool pinned(const Slot& s) {
 struct Store::State {
   StoreOptions options;
   bool disk = false;
+  // The disk tier's secret (sealed: it could be read or made; else secret_error says why, and
+  // every lookup there is a miss and every write fails with it).
+  bool sealed = false;
+  Secret secret{};
+  std::string secret_error;
 
   mutable std::mutex mu;  // guards everything below
   // RAM tier, by id ("<kind>-<hex>"); the LRU list's front is the most recently used.
@@ -277,7 +282,6 @@ struct Store::State {
   // temporaries), oldest first by mtime, and evict down to the budget.
   void scan() {
     std::error_code ec;
-    fs::create_directories(options.disk_dir, ec);  // a failure shows as write errors later
     struct Found {
       std::string id, kind;
       int64_t bytes;
@@ -320,7 +324,15 @@ Store::Store(const StoreOptions& o) : s_(std::make_unique<State>()) {
   FLOWKV_CHECK(o.disk_bytes >= 0, "store: disk_bytes ", o.disk_bytes, " is negative");
   s_->options = o;
   s_->disk = !o.disk_dir.empty();
-  if (s_->disk) s_->scan();
+  if (s_->disk) {
+    std::error_code ec;
+    fs::create_directories(o.disk_dir, ec);  // a failure shows as write errors later
+    disk::SecretResult secret = disk::open_secret(o.disk_dir);  // throws for an untrusted one
+    s_->sealed = secret.ok;
+    s_->secret = secret.secret;
+    s_->secret_error = std::move(secret.error);
+    s_->scan();
+  }
 }
 Store::~Store() = default;
 
@@ -328,6 +340,7 @@ Handle Store::find(const Key& key) {
   disk::check_kind(key.kind);
   const std::string id = disk::id_of(key);
   State& s = *s_;
+  const bool tier = s.disk && s.sealed;
   // Under the lock: the RAM entry as a counted hit, or (`miss`) nullptr counted as a miss.
   auto in_ram = [&](bool miss) -> Handle {
     auto it = s.ram.find(id);
@@ -345,11 +358,11 @@ Handle Store::find(const Key& key) {
   };
   {
     std::lock_guard lock(s.mu);
-    if (Handle h = in_ram(!s.disk); h || !s.disk) return h;
+    if (Handle h = in_ram(!tier); h || !tier) return h;
   }
   // The disk tier, read and checked without the lock.
   const std::string path = s.path_of(id);
-  disk::ReadResult r = disk::read_entry_file(path, key, s.options.disk_bytes);
+  disk::ReadResult r = disk::read_entry_file(path, key, s.secret, s.options.disk_bytes);
   std::lock_guard lock(s.mu);
   if (r.status != disk::ReadResult::kOk) {
     if (r.status == disk::ReadResult::kBad) {
@@ -394,10 +407,11 @@ Handle Store::insert(const Key& key, Entry entry) {
   // The disk tier, written without the lock (the entry is immutable).
   const std::string path = s.path_of(id);
   try {
+    FLOWKV_CHECK(s.sealed, s.secret_error);
     const int64_t bytes = disk::file_bytes(key, *e);
     if (bytes > s.options.disk_bytes) return e;  // would evict everything else, itself too
     AtomicFile f(path);
-    disk::write_entry(key, *e, [&](const void* p, size_t n) { f.write(p, n); });
+    disk::write_entry(key, *e, s.secret, [&](const void* p, size_t n) { f.write(p, n); });
     f.commit();
     std::lock_guard lock(s.mu);
     s.counts.disk_writes += 1;

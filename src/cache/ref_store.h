@@ -16,6 +16,8 @@
 namespace flowkv::store {
 
 using Digest = std::array<uint8_t, 32>;  // SHA-256
+// A disk tier's secret (disk::open_secret): the key of the HMAC that seals its files.
+using Secret = std::array<uint8_t, 32>;
 
 struct Key {
   std::string kind;  // "kv", "latents", "prompt" (a short lowercase word)
@@ -59,6 +61,8 @@ using Handle = std::shared_ptr<const Entry>;
 // The store (ReferenceStore::Impl holds one).
 class Store {
  public:
+  // Throws flowkv::Error when the disk tier's secret file exists but cannot be trusted
+  // (disk::open_secret).
   explicit Store(const StoreOptions& o);
   ~Store();
 
@@ -89,11 +93,13 @@ class Store {
 // The store behind a public ReferenceStore.
 Store& of(const ReferenceStore& r);
 
-// The disk tier's file format, exposed for its fuzz target and tests: an entry's bytes, and
-// the entry read back from bytes that claim to be `key`'s (throws flowkv::Error naming what is
-// wrong: magic, version, key, counts, dtypes, shapes, sizes, checksum; every size is checked
-// against the bytes present before anything is allocated).
-std::string serialize(const Key& key, const Entry& entry);
-Entry deserialize(const Key& key, std::string_view bytes, const std::string& what);
+// The disk tier's file format, exposed for its fuzz target and tests: an entry's bytes sealed
+// with `secret`, and the entry read back from bytes that claim to be `key`'s (throws
+// flowkv::Error naming what is wrong: magic, version, header MAC, key, counts, dtypes, shapes,
+// sizes, padding, file MAC, non-finite values; every size is checked against the bytes present
+// before anything is allocated).
+std::string serialize(const Key& key, const Entry& entry, const Secret& secret);
+Entry deserialize(const Key& key, std::string_view bytes, const Secret& secret,
+                  const std::string& what);
 
 }  // namespace flowkv::store

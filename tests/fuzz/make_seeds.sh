@@ -106,27 +106,40 @@ printf '\x01\x02\x00\x02\x04\x01\x03\x02Put <image1> in <|im_start|>' >"$out/fuz
 printf '\x01\x01\x00\x02\x02a <|image_pad|> b' >"$out/fuzz_qwen3_vl/literal_pad"
 
 # Reference store entry files (src/cache/ref_store_disk.cc's format, docs/reliability.md):
-# "FLOWKVRS", u32 version 1, u8 kind length + kind, 32-byte digest, u32 tensor count, per
-# tensor u8 dtype-name length + name, u8 ndim, u64 dims; zeros to a multiple of 64; each payload
-# padded with zeros to a multiple of 64; the SHA-256 of everything before it.
+# "FLOWKVRS", u32 version 2, u32 header length, u8 kind length + kind, 32-byte digest, u32
+# tensor count, per tensor u8 dtype-name length + name, u8 ndim, u64 dims; the header's
+# HMAC-SHA256; zeros to a multiple of 64; each payload padded with zeros to a multiple of 64;
+# the HMAC-SHA256 of everything before it. Sealed with fuzz_store_entry.cc's fixed secret (bytes
+# 0..31); without the openssl command the MACs are zeros (the target reseals each input anyway).
+fuzz_secret=$(printf '%02x' {0..31})
 hexbytes() { printf "$(sed 's/../\\x&/g' <<<"$1")"; }  # hex digits -> bytes
 pad64() {  # pad64 FILE: zeros up to a multiple of 64 bytes
   local n; n=$(stat -c %s "$1")
   head -c $(((64 - n % 64) % 64)) /dev/zero >>"$1"
 }
+mac_of() {  # mac_of FILE: the 32-byte HMAC of the file under the fuzz secret, on stdout
+  if command -v openssl >/dev/null; then
+    openssl dgst -sha256 -mac HMAC -macopt "hexkey:$fuzz_secret" -binary "$1"
+  else
+    head -c 32 /dev/zero
+  fi
+}
 store_entry() {  # store_entry KIND DIGEST_HEX [DTYPE:D0,D1,...]...  (payload bytes 0x3f)
-  local kind=$1 digest=$2 f spec dt dims d x numel bytes
+  local kind=$1 digest=$2 f body spec dt dims d x numel bytes
   shift 2
-  f=$(mktemp)
+  f=$(mktemp) body=$(mktemp)
   {
-    printf FLOWKVRS; le 1 4; le ${#kind} 1; printf %s "$kind"; hexbytes "$digest"; le $# 4
+    le ${#kind} 1; printf %s "$kind"; hexbytes "$digest"; le $# 4
     for spec in "$@"; do
       dt=${spec%%:*} dims=${spec#*:}
       IFS=, read -r -a d <<<"$dims"
       le ${#dt} 1; printf %s "$dt"; le ${#d[@]} 1
       for x in "${d[@]}"; do le "$x" 8; done
     done
-  } >"$f"
+  } >"$body"
+  { printf FLOWKVRS; le 2 4; le $((16 + $(stat -c %s "$body"))) 4; cat "$body"; } >"$f"
+  mac_of "$f" >"$body"
+  cat "$body" >>"$f"
   pad64 "$f"
   for spec in "$@"; do
     dt=${spec%%:*} dims=${spec#*:} numel=1
@@ -137,9 +150,10 @@ store_entry() {  # store_entry KIND DIGEST_HEX [DTYPE:D0,D1,...]...  (payload by
     head -c "$bytes" /dev/zero | tr '\0' '\077' >>"$f"
     pad64 "$f"
   done
-  hexbytes "$(sha256sum "$f" | cut -c1-64)" >>"$f"
+  mac_of "$f" >"$body"
+  cat "$body" >>"$f"
   cat "$f"
-  rm -f "$f"
+  rm -f "$f" "$body"
 }
 zero_digest=$(printf '0%.0s' {1..64})
 some_digest=0123456789abcdef00112233445566778899aabbccddeefff0e1d2c3b4a59687
