@@ -22,8 +22,8 @@ exclude='^format$'
 # Their parsers are fuzzed under ASan + UBSan (scripts/fuzz.sh), and the kernels they run are
 # exercised here through ops_test and thread_test. Their gtest entries show as *_NOT_BUILT here.
 asan_tests=(ops_test io_test gguf_test thread_test atomic_write_test hostile_test image_test
-            tokenizer_test ref_store_test server_request_test server_connection_test
-            pipeline_api_test)
+            tokenizer_test ref_store_test store_disk_test server_request_test
+            server_connection_test pipeline_api_test)
 build_target=("${asan_tests[@]}")
 exclude+='|_NOT_BUILT$'
 
