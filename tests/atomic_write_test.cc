@@ -3,6 +3,8 @@
 // older checkpoint leaves nothing the loader would read instead of the new files.
 #include <gtest/gtest.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,6 +18,7 @@
 
 #include "flowkv/error.h"
 #include "flowkv/flux2.h"
+#include "flowkv/image.h"
 #include "flowkv/io.h"
 #include "io/atomic_file.h"
 #include "io/checkpoint.h"
@@ -164,6 +167,91 @@ TEST(AtomicWrite, ConcurrentWritersNeverMix) {
   ASSERT_GE(got.size(), 10000u);
   EXPECT_EQ(got, std::string(got.size(), got[0]));
   EXPECT_EQ(d.list(), std::vector<std::string>{"shared.json"});
+}
+
+// Issue 27: a target that exists and is not a regular file is refused and left as it was:
+// rename() would replace a symbolic link itself (and, as root, a device node or FIFO).
+TEST(AtomicWrite, LinksFifosAndFoldersAreNeverReplaced) {
+  TempDir d;
+  test::write_file(d.file("real.png"), "keep me");
+  fs::create_symlink(d.file("real.png"), d.file("link.png"));
+  expect_error([&] { write_file_atomic(d.file("link.png"), "x"); },
+               {"cannot replace", "link.png", "symbolic link", "not a regular file"});
+  expect_error([&] { save_png(d.file("link.png"), Image::blank(2, 2, "x")); },
+               {"link.png", "symbolic link"});
+  EXPECT_TRUE(fs::is_symlink(d.file("link.png")));
+  EXPECT_EQ(read(d.file("real.png")), "keep me");
+  fs::create_symlink(d.file("nowhere"), d.file("dangling.json"));  // a dangling link too
+  expect_error([&] { write_file_atomic(d.file("dangling.json"), "x"); }, {"symbolic link"});
+  EXPECT_TRUE(fs::is_symlink(d.file("dangling.json")));
+  EXPECT_FALSE(fs::exists(d.file("nowhere")));
+  ASSERT_EQ(::mkfifo(d.file("out.png").c_str(), 0600), 0);
+  expect_error([&] { save_png(d.file("out.png"), Image::blank(2, 2, "x")); },
+               {"cannot replace", "out.png", "FIFO"});
+  EXPECT_TRUE(fs::is_fifo(d.file("out.png")));
+  fs::create_directory(d.file("dir.json"));
+  expect_error([&] { write_file_atomic(d.file("dir.json"), "x"); },
+               {"cannot replace", "dir.json", "folder"});
+  EXPECT_EQ(d.list(), (std::vector<std::string>{"dangling.json", "dir.json", "link.png", "out.png",
+                                                "real.png"}));
+  // A device node (as root a rename would replace it): refused for everyone.
+  expect_error([&] { write_file_atomic("/dev/null", "x"); }, {"/dev/null", "character device"});
+}
+
+// The temporary is readable by its owner only until it is committed; the file then has the
+// mode a plain create gives (0666 less the umask).
+TEST(AtomicWrite, TheTemporaryIsPrivateUntilCommitted) {
+  TempDir d;
+  const mode_t mask = ::umask(022);
+  ::umask(mask);
+  AtomicFile f(d.file("a.json"));
+  f.write("secret until done");
+  struct stat st {};
+  ASSERT_EQ(::stat(f.temp_path().c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+  f.commit();
+  ASSERT_EQ(::stat(d.file("a.json").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0666u & ~mask);
+}
+
+// A writer killed mid-write (SIGKILL: no destructor runs) leaves its temporary; the next write
+// of the same file removes it. Temporaries of live writers and of other files stay.
+TEST(AtomicWrite, TheNextWriteRemovesTheTemporaryOfAKilledWriter) {
+  TempDir d;
+  const std::string path = d.file("out.json");
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    AtomicFile f(path);
+    f.write(std::string(100000, 'x'));
+    const char c = 1;
+    if (::write(ready[1], &c, 1) != 1) ::_exit(1);
+    for (;;) ::pause();  // killed here, mid-write
+  }
+  char c = 0;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  ::close(ready[0]);
+  ::close(ready[1]);
+  ASSERT_EQ(::kill(child, SIGKILL), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFSIGNALED(status));
+  const std::vector<std::string> left = d.list();
+  ASSERT_EQ(left.size(), 1u);
+  EXPECT_EQ(left[0].rfind("out.json.tmp-flowkv-" + std::to_string(child) + "-", 0), 0u);
+  // A live writer's temporary (pid 1 always exists), another file's, and a name that only
+  // looks like one stay.
+  const std::vector<std::string> kept = {"other.json.tmp-flowkv-4194305-0",
+                                         "out.json.tmp-flowkv-1-7", "out.json.tmp-flowkv-x-1"};
+  for (const std::string& k : kept) test::write_file(d.file(k), "");
+  write_file_atomic(path, "new");
+  EXPECT_EQ(read(path), "new");
+  std::vector<std::string> want = kept;
+  want.push_back("out.json");
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(d.list(), want);
 }
 
 // Export: what an older checkpoint in the folder leaves must never be read instead.

@@ -5,19 +5,25 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <unistd.h>
+
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <limits>
 
 #include "flowkv/flux2.h"
+#include "flowkv/image.h"
 #include "flowkv/inspect.h"
+#include "flowkv/io.h"
 #include "flowkv/limits.h"
 #include "flowkv/model.h"
 #include "flowkv/runtime.h"
 #include "flowkv/step_cache.h"
 #include "io/checkpoint.h"
 #include "io/json.h"
+#include "io/mapped_file.h"
 #include "io/safetensors.h"
 #include "models/flux2/config.h"
 #include "models/qwen_image/config.h"
@@ -271,6 +277,58 @@ TEST(HostileCallers, CacheKnobsOutsideTheirRangesAreRefused) {
   expect_error([] { check_step_caches({"fbcache:threshold=0.1,threshold=0.2"}); },
                {"threshold", "twice"});
   check_step_caches({"fbcache:threshold=0.1", "taylorseer:interval=2"});  // sound ones pass
+}
+
+// Issue 27: every file a user names goes through one reader (read_file). A FIFO is refused at
+// once (O_NONBLOCK: the open cannot block, and nothing is ever read from it), /dev/zero is
+// refused before a byte is read (it would fill memory), a folder is refused, and a file over
+// the limit is refused before anything is read or allocated.
+TEST(HostileFiles, TheOneReaderRefusesWhatIsNotAFileWithoutBlocking) {
+  TempDir d;
+  ASSERT_EQ(::mkfifo(d.file("prompts.txt").c_str(), 0600), 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  expect_error([&] { read_file(d.file("prompts.txt"), 1 << 20, "--prompts file"); },
+               {"--prompts file", "prompts.txt", "not a regular file", "FIFO"});
+  expect_error([&] { load_image(d.file("prompts.txt")); }, {"prompts.txt", "FIFO"});
+  expect_error([&] { MappedFile::open(d.file("prompts.txt")); }, {"prompts.txt", "FIFO"});
+  expect_error([&] { read_json_file(d.file("prompts.txt")); }, {"prompts.txt", "FIFO"});
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
+
+  expect_error([&] { read_file("/dev/zero", int64_t{1} << 40, "image"); },
+               {"image /dev/zero", "not a regular file", "character device"});
+  expect_error([&] { MappedFile::open("/dev/zero"); }, {"/dev/zero", "character device"});
+  expect_error([&] { read_file_prefix("/dev/zero", 8); }, {"/dev/zero", "character device"});
+  fs::create_symlink("/dev/zero", d.file("zero.png"));  // through a link: what it points to
+  expect_error([&] { load_image(d.file("zero.png")); }, {"zero.png", "character device"});
+  expect_error([&] { read_file(d.path().string(), 100); }, {"not a regular file", "folder"});
+  expect_error([&] { read_file(d.file("missing.txt"), 100, "--prompts file"); },
+               {"cannot open --prompts file", "missing.txt", "No such file"});
+}
+
+TEST(HostileFiles, TheOneReaderRefusesAFileOverItsLimitBeforeReadingIt) {
+  TempDir d;
+  // A 1 TiB sparse file: refused by its size alone (reading or allocating it would not end).
+  const std::string big = d.file("huge.txt");
+  test::write_file(big, "");
+  fs::resize_file(big, uint64_t{1} << 40);
+  expect_error(
+      [&] { read_file(big, limits::kMaxPromptFileBytes, "--prompts file"); },
+      {"--prompts file", "huge.txt", "1099511627776 bytes", "more than the limit of 67108864"});
+  expect_error([&] { load_image(big); }, {"huge.txt", "more than the limit of 268435456"});
+  expect_error([&] { read_json_file(big); }, {"huge.txt", "more than the limit"});
+  // At the limit: read whole, byte for byte.
+  const std::string text = "one\ntwo\r\n\n";
+  test::write_file(d.file("p.txt"), text);
+  EXPECT_EQ(read_file(d.file("p.txt"), static_cast<int64_t>(text.size())), text);
+  expect_error([&] { read_file(d.file("p.txt"), static_cast<int64_t>(text.size()) - 1); },
+               {"p.txt", "more than the limit"});
+  test::write_file(d.file("empty.txt"), "");
+  EXPECT_EQ(read_file(d.file("empty.txt"), 0), "");
+}
+
+TEST(HostileFiles, TheOneReaderRefusesAFileThatGrowsWhileRead) {
+  // /proc files say 0 bytes and hold more: the shape of a file appended to while it is read.
+  expect_error([&] { read_file("/proc/self/status", 1 << 20); }, {"/proc/self/status", "grew"});
 }
 
 }  // namespace

@@ -322,6 +322,58 @@ TEST(Tokenizer, AddedTokenFlagsMatchTokenizers) {
   EXPECT_EQ(t.decode(std::vector<int32_t>{262, 97, 264}, true), "a<R>");
 }
 
+// Issue 27: a hostile pre-tokenizer regex backtracks catastrophically ((a+)+$ takes 2^n steps on
+// n letters: ~6 s for 29, centuries for 40). Each match has a budget; past it encode fails fast
+// with an Error naming the tokenizer file, where it used to run for ever with no way to cancel.
+TEST(Tokenizer, CatastrophicBacktrackingIsAnErrorWithinTheBudget) {
+  for (const char* pattern : {"(a+)+$", "(\\p{L}+)+$", "(a|aa)+$", "(?:a|\\p{Ll})+$"}) {
+    Json j = minimal();
+    j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = pattern;
+    const Tokenizer t = Tokenizer::from_json(j.dump(), "hostile/tokenizer.json");
+    for (const std::string text : {std::string(29, 'a') + "!", std::string(40, 'a') + "!",
+                                   "a photo of " + std::string(64, 'a') + "!"}) {
+      const auto t0 = std::chrono::steady_clock::now();
+      try {
+        t.encode(text);
+        ADD_FAILURE() << pattern << " on " << text << ": no error";
+      } catch (const Error& e) {
+        const std::string m = e.what();
+        EXPECT_NE(m.find("hostile/tokenizer.json: pre_tokenizer"), std::string::npos) << m;
+        EXPECT_NE(m.find("exceeded its backtracking budget"), std::string::npos) << m;
+      }
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      EXPECT_LT(s, 0.5) << pattern << " on " << text.size() << " bytes";
+    }
+    EXPECT_FALSE(t.encode("a photo of a cat").empty());  // short runs stay within the budget
+  }
+  // The fuzz target's regression input (tests/fuzz/regressions/fuzz_tokenizer_json): the same
+  // texts the target encodes.
+  const std::string path = std::string(FLOWKV_GOLDEN_DIR) +
+                           "/../fuzz/regressions/fuzz_tokenizer_json/"
+                           "catastrophic_backtracking_split_regex";
+  const Tokenizer t = Tokenizer::from_json_file(path);
+  std::ifstream f(path, std::ios::binary);
+  const std::string json((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_THROW(t.encode(json.substr(0, 64)), Error);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 0.5);
+}
+
+// The budget is proportional to the text: released patterns on long texts of the shapes that
+// backtrack most (runs of spaces before a letter, of tabs and spaces, of newlines) pass.
+TEST(Tokenizer, ReleasedPatternsStayWithinTheBudgetOnLongTexts) {
+  for (const std::string& text : {std::string(1 << 18, ' ') + "x", std::string(1 << 18, ' ') + "!",
+                                  std::string(1 << 17, '\t') + std::string(1 << 17, ' ') + "\nx",
+                                  std::string(1 << 18, '\n') + " x"}) {
+    EXPECT_FALSE(qwen3().encode(text).empty());
+  }
+  // GPT-2's pattern (ByteLevel with use_regex) too.
+  Json j = minimal();
+  j["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}};
+  const Tokenizer gpt2 = Tokenizer::from_json(j.dump(), "gpt2.json");
+  EXPECT_FALSE(gpt2.encode(std::string(1 << 20, ' ') + "x").empty());
+}
+
 TEST(Tokenizer, MalformedJsonIsAnErrorNamingTheField) {
   EXPECT_THROW(Tokenizer::from_json("{", "tok.json"), Error);
   EXPECT_THROW(Tokenizer::from_json_file("/nonexistent/tokenizer.json"), Error);

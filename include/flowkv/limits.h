@@ -28,8 +28,11 @@ inline constexpr int64_t kMaxImageSide = 65536;
 // Pixels of one decoded image file (an 8000 x 6000 phone photo is 48M; references are resized
 // to about 1M pixels before use). Checked from the file's header, before any pixel is allocated.
 inline constexpr int64_t kMaxImagePixels = int64_t{1} << 26;
-// Bytes of one image file read whole.
-inline constexpr int64_t kMaxImageFileBytes = int64_t{1} << 30;
+// Bytes of one image file read whole: an 8-bit RGBA PNG of kMaxImagePixels stored without
+// compression is 256 MiB (a 48M-pixel photo compresses to well under 100 MiB).
+inline constexpr int64_t kMaxImageFileBytes = int64_t{256} << 20;
+// Bytes of a prompts file (one prompt per line; kMaxTextBytes bounds each prompt).
+inline constexpr int64_t kMaxPromptFileBytes = int64_t{64} << 20;
 // Bytes of the text written into a PNG's "parameters" chunk.
 inline constexpr int64_t kMaxPngTextBytes = int64_t{1} << 20;
 // Bytes of a JSON file read whole (config.json, shard index; real ones are < 1 MiB).

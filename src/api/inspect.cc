@@ -1,5 +1,4 @@
 #include "flowkv/inspect.h"
-#include <filesystem>
 
 #include <sstream>
 
@@ -7,6 +6,7 @@
 #include "flowkv/error.h"
 #include "flowkv/predict.h"
 #include "io/checkpoint.h"
+#include "io/mapped_file.h"
 #include "io/pipeline_folder.h"
 #include "ops/linear.h"
 
@@ -91,7 +91,6 @@ void predict_memory(const CheckpointScan& scan, InspectReport& r) {
 
 // A pipeline folder: every component's class and stored bytes, and whether they fit together.
 void inspect_pipeline(const PipelineFolder& p, InspectReport& r) {
-  namespace fs = std::filesystem;
   r.pipeline_class = p.class_name;
   for (const auto& [name, c] : p.components) {
     ComponentReport cr{.name = name, .class_name = c.class_name};
@@ -100,7 +99,7 @@ void inspect_pipeline(const PipelineFolder& p, InspectReport& r) {
       r.problems.push_back(p.path + "/model_index.json names " + name + "/, which is missing");
     } else if (name == "tokenizer" || name == "processor") {  // files, no weights
       const std::string tj = c.path + "/tokenizer.json";
-      cr.note = path_exists(tj) ? "tokenizer.json " + std::to_string(fs::file_size(tj)) + " bytes"
+      cr.note = path_exists(tj) ? "tokenizer.json " + std::to_string(file_size(tj)) + " bytes"
                                 : "no tokenizer.json";
       if (name == "processor") {
         cr.note += path_exists(c.path + "/preprocessor_config.json")

@@ -1,13 +1,9 @@
 // PNG and JPEG decoding to PIL's RGB, EXIF orientation, PNG encoding (see image.h).
 #include "io/image.h"
 
-#include <fcntl.h>
 #include <spng.h>
-#include <sys/stat.h>
 #include <turbojpeg.h>
-#include <unistd.h>
 
-#include <cerrno>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -20,6 +16,7 @@
 #include "flowkv/error.h"
 #include "flowkv/limits.h"
 #include "io/atomic_file.h"
+#include "io/mapped_file.h"
 
 namespace flowkv {
 
@@ -326,31 +323,6 @@ Image decode_jpeg(const uint8_t* data, size_t size, const std::string& what, int
   return meta.orientation ? apply_orientation(std::move(img), *meta.orientation) : img;
 }
 
-std::vector<uint8_t> read_whole_file(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  FLOWKV_CHECK(fd >= 0, "cannot open image ", path, ": ", std::strerror(errno));
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
-  struct stat st {};
-  FLOWKV_CHECK(::fstat(fd, &st) == 0, "cannot read image ", path, ": ", std::strerror(errno));
-  FLOWKV_CHECK(S_ISREG(st.st_mode), "cannot read image ", path, ": not a regular file");
-  FLOWKV_CHECK(st.st_size <= limits::kMaxImageFileBytes, "image ", path, " is ", st.st_size,
-               " bytes, more than the limit of ", limits::kMaxImageFileBytes);
-  std::vector<uint8_t> bytes(static_cast<size_t>(st.st_size));
-  size_t got = 0;
-  while (got < bytes.size()) {
-    const ssize_t r = ::read(fd, bytes.data() + got, bytes.size() - got);
-    if (r < 0 && errno == EINTR) continue;
-    FLOWKV_CHECK(r >= 0, "cannot read image ", path, ": ", std::strerror(errno));
-    if (r == 0) break;  // the file shrank
-    got += static_cast<size_t>(r);
-  }
-  bytes.resize(got);
-  return bytes;
-}
-
 }  // namespace
 
 Image Image::blank(int64_t width, int64_t height, const std::string& what, int64_t channels) {
@@ -377,8 +349,9 @@ Image decode_image(const uint8_t* data, size_t size, const std::string& what, in
 }
 
 Image load_image(const std::string& path, PixelFormat format) {
-  const std::vector<uint8_t> bytes = read_whole_file(path);
-  return decode_image(bytes.data(), bytes.size(), "image " + path, limits::kMaxImagePixels, format);
+  const std::string bytes = read_file(path, limits::kMaxImageFileBytes, "image");
+  return decode_image(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), "image " + path,
+                      limits::kMaxImagePixels, format);
 }
 
 Image to_rgba(const Image& image) {
@@ -476,7 +449,7 @@ void save_png(const std::string& path, const Image& image, const std::string& pa
 }
 
 std::string read_png_parameters(const std::string& path) {
-  const std::vector<uint8_t> bytes = read_whole_file(path);
+  const std::string bytes = read_file(path, limits::kMaxImageFileBytes, "image");
   SpngCtx ctx(spng_ctx_new(0));
   FLOWKV_CHECK(ctx, "out of memory creating the PNG decoder");
   spng_set_chunk_limits(ctx.get(), size_t{16} << 20, size_t{64} << 20);

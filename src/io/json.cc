@@ -4,6 +4,7 @@
 
 #include "core/checked.h"
 #include "flowkv/error.h"
+#include "flowkv/limits.h"
 #include "io/mapped_file.h"
 
 namespace flowkv {
@@ -60,7 +61,7 @@ Json parse_json(const std::string& text, const std::string& what) {
 }
 
 Json read_json_file(const std::string& path) {
-  return parse_json(read_text_file(path), path);
+  return parse_json(read_file(path, limits::kMaxJsonFileBytes), path);
 }
 
 namespace {

@@ -10,29 +10,42 @@
 #include <cstring>
 
 #include "flowkv/error.h"
-#include "flowkv/limits.h"
 
 namespace flowkv {
 
 namespace {
 
-// Opens a regular file for reading. O_NONBLOCK keeps open() from hanging on a FIFO; the
-// S_ISREG check then refuses FIFOs, devices (/dev/zero) and folders before anything is read.
+std::string label(const std::string& what, const std::string& path) {
+  return what.empty() ? path : what + " " + path;
+}
+
+void refuse_unless_regular(const struct stat& st, const std::string& what,
+                           const std::string& path) {
+  if (!S_ISREG(st.st_mode)) {
+    fail(label(what, path), ": not a regular file (it is ", file_type_name(st.st_mode),
+         "); give a file");
+  }
+}
+
+// A regular file opened for reading. stat() first, so that a device or FIFO is refused without
+// being opened at all (opening some devices has effects); O_NONBLOCK keeps open() from hanging
+// on a FIFO swapped in after the stat; fstat() of the opened descriptor is what counts.
 struct RegularFile {
   int fd = -1;
   int64_t size = 0;
-  explicit RegularFile(const std::string& path) {
-    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) fail("cannot open ", path, ": ", std::strerror(errno));
+  RegularFile(const std::string& path, const std::string& what) {
     struct stat st {};
-    if (fstat(fd, &st) != 0) {
+    if (::stat(path.c_str(), &st) == 0) refuse_unless_regular(st, what, path);
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) fail("cannot open ", label(what, path), ": ", std::strerror(errno));
+    if (::fstat(fd, &st) != 0) {
       const int e = errno;
       ::close(fd);
-      fail("cannot stat ", path, ": ", std::strerror(e));
+      fail("cannot stat ", label(what, path), ": ", std::strerror(e));
     }
     if (!S_ISREG(st.st_mode)) {
       ::close(fd);
-      fail(path, ": not a regular file (a folder, device, FIFO or socket); give a file");
+      refuse_unless_regular(st, what, path);
     }
     size = st.st_size;
   }
@@ -42,26 +55,45 @@ struct RegularFile {
   RegularFile(const RegularFile&) = delete;
   RegularFile& operator=(const RegularFile&) = delete;
 
-  // Reads up to n bytes from the start.
-  std::string read_prefix(const std::string& path, int64_t n) const {
-    std::string buf(static_cast<size_t>(std::min(n, size)), '\0');
+  // Reads into buf from offset 0 until it is full or the file ends; returns the bytes read.
+  size_t read_into(char* buf, size_t n, const std::string& what, const std::string& path) const {
     size_t got = 0;
-    while (got < buf.size()) {
-      const ssize_t r = ::pread(fd, buf.data() + got, buf.size() - got, static_cast<off_t>(got));
+    while (got < n) {
+      const ssize_t r = ::pread(fd, buf + got, n - got, static_cast<off_t>(got));
       if (r < 0 && errno == EINTR) continue;
-      if (r < 0) fail("cannot read ", path, ": ", std::strerror(errno));
-      if (r == 0) break;  // the file shrank while we read it
+      if (r < 0) fail("cannot read ", label(what, path), ": ", std::strerror(errno));
+      if (r == 0) break;
       got += static_cast<size_t>(r);
     }
-    buf.resize(got);
-    return buf;
+    return got;
   }
 };
 
 }  // namespace
 
+const char* file_type_name(uint32_t st_mode) {
+  switch (st_mode & S_IFMT) {
+    case S_IFREG:
+      return "a regular file";
+    case S_IFDIR:
+      return "a folder";
+    case S_IFLNK:
+      return "a symbolic link";
+    case S_IFIFO:
+      return "a FIFO (named pipe)";
+    case S_IFCHR:
+      return "a character device";
+    case S_IFBLK:
+      return "a block device";
+    case S_IFSOCK:
+      return "a socket";
+    default:
+      return "not a file";
+  }
+}
+
 std::shared_ptr<MappedFile> MappedFile::open(const std::string& path) {
-  const RegularFile file(path);
+  const RegularFile file(path, "");
   std::shared_ptr<MappedFile> f(new MappedFile());
   f->path_ = path;
   f->size_ = file.size;
@@ -88,15 +120,25 @@ MappedFile::~MappedFile() {
 }
 
 std::string read_file_prefix(const std::string& path, int64_t n) {
-  return RegularFile(path).read_prefix(path, n);
+  const RegularFile file(path, "");
+  std::string buf(static_cast<size_t>(std::clamp<int64_t>(n, 0, file.size)), '\0');
+  buf.resize(file.read_into(buf.data(), buf.size(), "", path));  // shorter if the file shrank
+  return buf;
 }
 
-std::string read_text_file(const std::string& path) {
-  const RegularFile file(path);
-  FLOWKV_CHECK(file.size <= limits::kMaxJsonFileBytes, path, ": ", file.size,
-               " bytes is larger than the ", limits::kMaxJsonFileBytes,
-               "-byte limit for a text file flowkv reads whole");
-  return file.read_prefix(path, file.size);
+std::string read_file(const std::string& path, int64_t max_bytes, const std::string& what) {
+  const RegularFile file(path, what);
+  FLOWKV_CHECK(file.size <= max_bytes, label(what, path), " is ", file.size,
+               " bytes, more than the limit of ", max_bytes, " bytes");
+  std::string buf(static_cast<size_t>(file.size), '\0');
+  // One byte more than fstat said: a file still being written shows here.
+  buf.push_back('\0');
+  const size_t got = file.read_into(buf.data(), buf.size(), what, path);
+  FLOWKV_CHECK(got + 1 == buf.size(), label(what, path), ": the file ",
+               got < static_cast<size_t>(file.size) ? "shrank" : "grew", " while it was read (",
+               file.size, " bytes when opened); read it again once nothing writes to it");
+  buf.pop_back();
+  return buf;
 }
 
 PathKind path_kind(const std::string& path) {
@@ -110,7 +152,7 @@ PathKind path_kind(const std::string& path) {
 }
 
 int64_t file_size(const std::string& path) {
-  return RegularFile(path).size;
+  return RegularFile(path, "").size;
 }
 
 }  // namespace flowkv

@@ -7,6 +7,8 @@
 #include <memory>
 #include <string>
 
+#include "flowkv/io.h"  // read_file
+
 namespace flowkv {
 
 class MappedFile {
@@ -32,10 +34,15 @@ class MappedFile {
   int64_t size_ = 0;
 };
 
-// Reads at most `n` bytes from the start of a file without mapping it.
+// read_file (flowkv/io.h) is the one reader of files named by a user; these open the same way
+// (a FIFO, device, socket or folder is an Error naming the path and what it is).
+// At most `n` bytes from the start of a file, without mapping it (checkpoint headers).
 std::string read_file_prefix(const std::string& path, int64_t n);
-std::string read_text_file(const std::string& path);
+// The size of a regular file (anything else is an Error, as above).
 int64_t file_size(const std::string& path);
+
+// "a FIFO", "a symbolic link", "a character device", ... for a stat st_mode (error messages).
+const char* file_type_name(uint32_t st_mode);
 
 // What a path is, without exceptions other than flowkv::Error: a path that cannot be examined
 // (a symlink loop, no permission) is an Error naming it; only "does not exist" is kNone.

@@ -4,11 +4,11 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <vector>
 
 #include "flowkv/error.h"
 #include "flowkv/limits.h"
+#include "io/mapped_file.h"
 
 namespace flowkv::pipeline {
 
@@ -16,29 +16,20 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr std::streamsize kHeadBytes = 64 << 10;
-
-std::string read_head(const fs::path& p, std::streamsize limit) {
-  std::ifstream f(p, std::ios::binary);
-  FLOWKV_CHECK(f, p.string(), ": cannot be read");
-  std::string s(static_cast<size_t>(limit), '\0');
-  f.read(s.data(), limit);
-  s.resize(static_cast<size_t>(f.gcount()));
-  return s;
-}
+constexpr int64_t kHeadBytes = 64 << 10;
 
 void add_file(store::KeyBuilder& key, const fs::path& p, const std::string& name) {
   struct stat st {};
   FLOWKV_CHECK(::stat(p.c_str(), &st) == 0, p.string(), ": cannot be read");
-  key.text("file", name).integer("size", static_cast<int64_t>(st.st_size));
   if (p.extension() == ".json") {
-    FLOWKV_CHECK(st.st_size <= limits::kMaxJsonFileBytes, p.string(), ": ", st.st_size,
-                 " bytes; JSON files of at most ", limits::kMaxJsonFileBytes, " are read");
-    key.text("json", read_head(p, static_cast<std::streamsize>(st.st_size)));
+    // The whole text, read (and checked regular, within the limit) by the one reader.
+    const std::string text = read_file(p.string(), limits::kMaxJsonFileBytes);
+    key.text("file", name).integer("size", static_cast<int64_t>(text.size())).text("json", text);
     return;
   }
+  key.text("file", name).integer("size", static_cast<int64_t>(st.st_size));
   key.integer("mtime", static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec);
-  key.text("head", read_head(p, kHeadBytes));
+  key.text("head", read_file_prefix(p.string(), kHeadBytes));
 }
 
 }  // namespace

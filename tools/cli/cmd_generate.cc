@@ -3,13 +3,13 @@
 
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <tuple>
 
 #include "commands.h"
 #include "flowkv/error.h"
 #include "flowkv/generate.h"
+#include "flowkv/io.h"
 #include "flowkv/limits.h"
 #include "flowkv/pipeline.h"
 #include "flowkv/store.h"
@@ -103,6 +103,9 @@ int run(Opts o) {
     o.prompts.insert(o.prompts.end(), more.begin(), more.end());
   }
   FLOWKV_CHECK(!o.prompts.empty(), "give a prompt (-p) or a file of prompts (--prompts)");
+  // A link, device or FIFO in an output's place is refused now, not after the pictures.
+  for (size_t i = 0; i < o.prompts.size(); ++i)
+    check_replaceable(numbered(o.out, i, o.prompts.size()));
   GenerateProgress p;
   std::string stage;
   p.begin = [&](const std::string& name, int64_t units) {
@@ -176,13 +179,15 @@ int run(Opts o) {
 }  // namespace
 
 std::vector<std::string> read_prompts(const std::string& path) {
-  std::ifstream f(path);
-  FLOWKV_CHECK(f, "--prompts ", path, ": cannot be read");
+  const std::string text = read_file(path, limits::kMaxPromptFileBytes, "--prompts file");
   std::vector<std::string> out;
-  std::string line;
-  while (std::getline(f, line)) {
+  for (size_t begin = 0; begin < text.size();) {
+    size_t end = text.find('\n', begin);
+    if (end == std::string::npos) end = text.size();
+    std::string line = text.substr(begin, end - begin);
+    begin = end + 1;
     if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.find_first_not_of(" \t") != std::string::npos) out.push_back(line);
+    if (line.find_first_not_of(" \t") != std::string::npos) out.push_back(std::move(line));
   }
   FLOWKV_CHECK(!out.empty(), "--prompts ", path, ": no prompt in it");
   return out;

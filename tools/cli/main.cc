@@ -45,7 +45,10 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // app.exit prints CLI11's message (or the help) and gives CLI11's own code (105 for a
+    // value out of range, 114 for a wrong argument count, ...); a usage error is 2 for every
+    // subcommand, as for a flowkv::Error, and --help is 0.
+    return app.exit(e) == 0 ? 0 : 2;
   } catch (const flowkv::Error& e) {  // from an option's callback
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;
