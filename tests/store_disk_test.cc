@@ -179,6 +179,19 @@ TEST(StoreSecret, IsMadeOnceWithMode0600AndKept) {
   EXPECT_NE(secret_of(other.path().string()), first);
 }
 
+// Entries hold products of users' uploads and prompts: their files are the owner's alone.
+TEST(StoreSecret, EntryFilesAreReadableByTheOwnerOnly) {
+  TempDir d;
+  const Key k = key_of("latents", 7);
+  {
+    Store s(with_disk(d.path().string()));
+    s.insert(k, entry_of(16, 1.0f));
+  }
+  struct stat st {};
+  ASSERT_EQ(::lstat(file_of(d, k).c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+}
+
 // Processes opening one new store folder at the same moment all end up with the same secret.
 TEST(StoreSecret, ConcurrentOpenersAgreeOnOneSecret) {
   constexpr int kProcesses = 6, kRounds = 5;

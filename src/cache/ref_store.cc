@@ -410,7 +410,8 @@ Handle Store::insert(const Key& key, Entry entry) {
     FLOWKV_CHECK(s.sealed, s.secret_error);
     const int64_t bytes = disk::file_bytes(key, *e);
     if (bytes > s.options.disk_bytes) return e;  // would evict everything else, itself too
-    AtomicFile f(path);
+    // 0600: entries are products of users' uploads and prompts; no other local user reads them.
+    AtomicFile f(path, 0600);
     disk::write_entry(key, *e, s.secret, [&](const void* p, size_t n) { f.write(p, n); });
     f.commit();
     std::lock_guard lock(s.mu);

@@ -112,7 +112,7 @@ void check_replaceable(const std::string& path) {
        "or folder): remove it or write to another path");
 }
 
-AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
+AtomicFile::AtomicFile(std::string path, int mode) : path_(std::move(path)), mode_(mode) {
   FLOWKV_CHECK(!path_.empty() && path_.back() != '/', "cannot write '", path_,
                "': not a file name");
   check_replaceable(path_);
@@ -176,7 +176,8 @@ void AtomicFile::commit() {
   // The size covers a trailing hole; fsync before rename so the new name never points at
   // data that is not on disk.
   if (::ftruncate(fd_, static_cast<off_t>(size_)) != 0) fail_with("cannot write", errno);
-  if (::fchmod(fd_, created_file_mode()) != 0) fail_with("cannot write", errno);
+  const mode_t mode = mode_ >= 0 ? static_cast<mode_t>(mode_ & 07777) : created_file_mode();
+  if (::fchmod(fd_, mode) != 0) fail_with("cannot write", errno);
   if (::fsync(fd_) != 0) fail_with("cannot sync", errno);
   // Checked again: a link or device put in the target's place since the start is not replaced.
   try {

@@ -16,7 +16,9 @@ namespace flowkv {
 // A file written in pieces, then committed. Destroying it uncommitted removes the temporary.
 class AtomicFile {
  public:
-  explicit AtomicFile(std::string path);
+  // `mode`: the committed file's permissions; -1: what a plain create gives (0666 less the
+  // umask). Private data (the reference store's entries) passes 0600.
+  explicit AtomicFile(std::string path, int mode = -1);
   ~AtomicFile();
   AtomicFile(const AtomicFile&) = delete;
   AtomicFile& operator=(const AtomicFile&) = delete;
@@ -39,6 +41,7 @@ class AtomicFile {
   int fd_ = -1;
   int64_t size_ = 0;
   bool committed_ = false;
+  int mode_ = -1;
 };
 
 // Removes a file if it exists (a missing file is not an error), then fsyncs its folder.
