@@ -179,6 +179,26 @@ TEST(StoreSecret, IsMadeOnceWithMode0600AndKept) {
   EXPECT_NE(secret_of(other.path().string()), first);
 }
 
+// A creator killed between making its temporary and linking it leaves a temporary that the
+// next opener removes (a live creator's is kept).
+TEST(StoreSecret, AKilledCreatorsTemporaryIsRemoved) {
+  TempDir d;
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ASSERT_GT(child, 0);
+  ::waitpid(child, nullptr, 0);  // its pid is free now: a dead writer's
+  const std::string dead =
+      std::string(disk::kSecretFile) + ".tmp-flowkv-" + std::to_string(child) + "-0";
+  const std::string live =
+      std::string(disk::kSecretFile) + ".tmp-flowkv-" + std::to_string(::getppid()) + "-0";
+  test::write_file(d.file(dead), std::string(32, 'x'));
+  test::write_file(d.file(live), std::string(32, 'y'));
+  { Store s(with_disk(d.path().string())); }
+  std::error_code ec;
+  EXPECT_FALSE(fs::exists(d.file(dead), ec));
+  EXPECT_TRUE(fs::exists(d.file(live), ec));
+}
+
 // Entries hold products of users' uploads and prompts: their files are the owner's alone.
 TEST(StoreSecret, EntryFilesAreReadableByTheOwnerOnly) {
   TempDir d;

@@ -25,6 +25,7 @@
 #include "core/memory.h"
 #include "flowkv/error.h"
 #include "flowkv/limits.h"
+#include "io/atomic_file.h"
 
 namespace flowkv::store {
 
@@ -382,6 +383,7 @@ void random_bytes(void* p, size_t n) {
 // Makes the secret at `path`; true when it exists afterwards (made here or, concurrently, by
 // another opener), false with *error when the folder cannot hold it.
 bool create_secret(const std::string& path, std::string* error) {
+  remove_dead_writers_temps_of(path);  // a creator killed before its link()
   Secret s{};
   random_bytes(s.data(), s.size());
   static std::atomic<uint64_t> counter{0};

@@ -112,6 +112,10 @@ void check_replaceable(const std::string& path) {
        "or folder): remove it or write to another path");
 }
 
+void remove_dead_writers_temps_of(const std::string& path) {
+  remove_dead_writers_temps(path);
+}
+
 AtomicFile::AtomicFile(std::string path, int mode) : path_(std::move(path)), mode_(mode) {
   FLOWKV_CHECK(!path_.empty() && path_.back() != '/', "cannot write '", path_,
                "': not a file name");

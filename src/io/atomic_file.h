@@ -44,6 +44,11 @@ class AtomicFile {
   int mode_ = -1;
 };
 
+// Removes the temporaries `<path>.tmp-flowkv-<pid>-<n>` whose writer process is gone (what
+// AtomicFile does before each write of `path`), for writers of their own temporaries under the
+// same naming (the reference store's secret).
+void remove_dead_writers_temps_of(const std::string& path);
+
 // Removes a file if it exists (a missing file is not an error), then fsyncs its folder.
 void remove_file_durably(const std::string& path);
 
