@@ -56,24 +56,30 @@ TEST(DmdKernels, JacobiSvdReconstructsAndOrders) {
   }
 }
 
-TEST(DmdKernels, SnapshotRIsTheCholeskyFactorOfTheGramMatrix) {
-  // More rows than one chunk, and a remainder.
-  const int64_t d = 2500;
+TEST(DmdKernels, GramFactorAndDotProducts) {
+  // More values than the dot product's unrolled step, and a remainder; a rank-deficient set (the
+  // fourth column is the sum of the first two) whose Gram matrix has a zero eigenvalue.
+  const int64_t d = 2501;
   const int m = 4;
   std::vector<std::vector<double>> cols;
-  for (int j = 0; j < m; ++j) cols.push_back(randn_d(d, 10 + j));
-  std::vector<const double*> ptrs;
-  for (const auto& c : cols) ptrs.push_back(c.data());
-  const std::vector<double> r = cache::dmd_detail::snapshot_r(ptrs, d);
+  for (int j = 0; j < 3; ++j) cols.push_back(randn_d(d, 10 + j));
+  cols.push_back(cols[0]);
+  for (int64_t i = 0; i < d; ++i) cols[3][i] += cols[1][i];
+  std::vector<double> gram(m * m);
   for (int p = 0; p < m; ++p) {
     for (int q = 0; q < m; ++q) {
-      double gram = 0, rtr = 0;
-      for (int64_t i = 0; i < d; ++i) gram += cols[p][i] * cols[q][i];
-      for (int i = 0; i < m; ++i) rtr += r[i * m + p] * r[i * m + q];
-      EXPECT_NEAR(rtr, gram, 1e-10 * d);
-      if (p > q) {
-        EXPECT_EQ(r[p * m + q], 0.0);
-      }
+      double plain = 0;
+      for (int64_t i = 0; i < d; ++i) plain += cols[p][i] * cols[q][i];
+      gram[p * m + q] = cache::dmd_dot(cols[p].data(), cols[q].data(), d);
+      EXPECT_NEAR(gram[p * m + q], plain, 1e-12 * d);
+    }
+  }
+  const std::vector<double> f = cache::dmd_detail::gram_factor(gram, m);
+  for (int p = 0; p < m; ++p) {
+    for (int q = 0; q < m; ++q) {
+      double ftf = 0;
+      for (int i = 0; i < m; ++i) ftf += f[i * m + p] * f[i * m + q];
+      EXPECT_NEAR(ftf, gram[p * m + q], 1e-12 * d);
     }
   }
 }

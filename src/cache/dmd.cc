@@ -15,32 +15,6 @@ namespace {
 
 constexpr double kEps = std::numeric_limits<double>::epsilon();
 
-// Householder QR of a rows x m row-major matrix in place, keeping only R (the upper triangle
-// of the first m rows; the rest is left as scratch).
-void householder_r(double* a, int64_t rows, int m, std::vector<double>& v) {
-  v.resize(static_cast<size_t>(rows));
-  for (int j = 0; j < m && j < rows; ++j) {
-    double norm2 = 0;
-    for (int64_t i = j; i < rows; ++i) norm2 += a[i * m + j] * a[i * m + j];
-    const double norm = std::sqrt(norm2);
-    if (norm == 0) continue;
-    const double ajj = a[j * m + j];
-    const double alpha = ajj > 0 ? -norm : norm;  // the sign that avoids cancellation
-    for (int64_t i = j; i < rows; ++i) v[static_cast<size_t>(i)] = a[i * m + j];
-    v[static_cast<size_t>(j)] -= alpha;
-    const double vnorm2 = norm2 - ajj * ajj + v[static_cast<size_t>(j)] * v[static_cast<size_t>(j)];
-    if (vnorm2 == 0) continue;
-    for (int k = j + 1; k < m; ++k) {
-      double dot = 0;
-      for (int64_t i = j; i < rows; ++i) dot += v[static_cast<size_t>(i)] * a[i * m + k];
-      const double f = 2 * dot / vnorm2;
-      for (int64_t i = j; i < rows; ++i) a[i * m + k] -= f * v[static_cast<size_t>(i)];
-    }
-    a[j * m + j] = alpha;
-    for (int64_t i = j + 1; i < rows; ++i) a[i * m + j] = 0;
-  }
-}
-
 // A Givens rotation G = [[c, s], [-conj(s), c]] (c real) with G [x; y] = [rho; 0].
 void givens(cd x, cd y, double& c, cd& s) {
   const double ax = std::abs(x), ay = std::abs(y);
@@ -98,31 +72,6 @@ void hessenberg(std::vector<cd>& h, std::vector<cd>& z, int n) {
 }
 
 }  // namespace
-
-template <class T>
-std::vector<double> snapshot_r(const std::vector<const T*>& cols, int64_t d) {
-  const int m = static_cast<int>(cols.size());
-  constexpr int64_t kChunk = 1024;  // rows per reflection pass
-  std::vector<double> r(static_cast<size_t>(m * m), 0.0), a, v;
-  a.reserve(static_cast<size_t>((kChunk + m) * m));
-  for (int64_t start = 0; start < d; start += kChunk) {
-    // Stack the R so far over the next rows of the snapshots: R <- qr([R; rows]).R.
-    const int64_t rows = std::min(kChunk, d - start);
-    a.assign(r.begin(), r.end());
-    a.resize(static_cast<size_t>((m + rows) * m));
-    for (int64_t i = 0; i < rows; ++i) {
-      for (int j = 0; j < m; ++j)
-        a[static_cast<size_t>((m + i) * m + j)] =
-            static_cast<double>(cols[static_cast<size_t>(j)][start + i]);
-    }
-    householder_r(a.data(), m + rows, m, v);
-    for (int i = 0; i < m; ++i) {
-      for (int j = 0; j < m; ++j)
-        r[static_cast<size_t>(i * m + j)] = j >= i ? a[static_cast<size_t>(i * m + j)] : 0.0;
-    }
-  }
-  return r;
-}
 
 void jacobi_svd(const std::vector<double>& a, int rows, int cols, std::vector<double>& s,
                 std::vector<double>& u, std::vector<double>& v) {
@@ -292,8 +241,22 @@ bool eigen(const std::vector<double>& a, int n, std::vector<cd>& lambda, std::ve
   return true;
 }
 
-template std::vector<double> snapshot_r(const std::vector<const float*>&, int64_t);
-template std::vector<double> snapshot_r(const std::vector<const double*>&, int64_t);
+std::vector<double> gram_factor(const std::vector<double>& gram, int m) {
+  // gram = V diag(lambda) V^T. One-sided Jacobi gives |lambda| and u = -v for a negative
+  // eigenvalue (rounding of a rank-deficient window): those count as zero.
+  std::vector<double> s, u, v;
+  jacobi_svd(gram, m, m, s, u, v);
+  std::vector<double> f(static_cast<size_t>(m * m), 0.0);
+  for (int k = 0; k < m; ++k) {
+    double sign = 0;
+    for (int i = 0; i < m; ++i)
+      sign += u[static_cast<size_t>(i * m + k)] * v[static_cast<size_t>(i * m + k)];
+    const double root = sign > 0 ? std::sqrt(s[static_cast<size_t>(k)]) : 0.0;
+    for (int j = 0; j < m; ++j)
+      f[static_cast<size_t>(k * m + j)] = root * v[static_cast<size_t>(j * m + k)];
+  }
+  return f;
+}
 
 }  // namespace dmd_detail
 
@@ -366,14 +329,45 @@ std::vector<double> DmdFit::coefficients(double k) const {
 }
 
 template <class T>
+double dmd_dot(const T* a, const T* b, int64_t d) {
+  // Eight partial sums: independent chains the compiler can keep in vector lanes.
+  double part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t e = 0;
+  for (; e + 8 <= d; e += 8) {
+    for (int l = 0; l < 8; ++l)
+      part[l] += static_cast<double>(a[e + l]) * static_cast<double>(b[e + l]);
+  }
+  double tail = 0;
+  for (; e < d; ++e) tail += static_cast<double>(a[e]) * static_cast<double>(b[e]);
+  return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7])) +
+         tail;
+}
+
+template <class T>
 std::optional<DmdFit> dmd_fit(const std::vector<const T*>& snaps, int64_t d,
                               const DmdOptions& options) {
+  const int m = static_cast<int>(snaps.size());
+  std::vector<double> gram(static_cast<size_t>(m * m));
+  for (int i = 0; i < m; ++i) {
+    for (int j = 0; j <= i; ++j) {
+      gram[static_cast<size_t>(i * m + j)] = gram[static_cast<size_t>(j * m + i)] =
+          dmd_dot(snaps[static_cast<size_t>(i)], snaps[static_cast<size_t>(j)], d);
+    }
+  }
+  return dmd_fit_gram(gram, m, options);
+}
+
+std::optional<DmdFit> dmd_fit_gram(const std::vector<double>& gram, int m,
+                                   const DmdOptions& options) {
   using namespace dmd_detail;
-  const int m = static_cast<int>(snaps.size()), n = m - 1;
-  if (m < 2 || d <= 0) return std::nullopt;
-  // In the coordinates of the snapshots' orthonormal basis Q (snapshots = Q R), X = Q R0,
-  // X' = Q R1 and x_{m-1} = Q R[:, m-1]; Q never needs to be formed.
-  const std::vector<double> rr = snapshot_r(snaps, d);
+  const int n = m - 1;
+  if (m < 2 || gram.size() != static_cast<size_t>(m * m)) return std::nullopt;
+  for (double g : gram) {
+    if (!std::isfinite(g)) return std::nullopt;
+  }
+  // In the coordinates F gives (snapshots = Q F for an orthonormal Q never formed): X = Q R0,
+  // X' = Q R1 and x_{m-1} = Q F[:, m-1].
+  const std::vector<double> rr = gram_factor(gram, m);
   std::vector<double> r0(static_cast<size_t>(m * n)), r1(static_cast<size_t>(m * n));
   for (int i = 0; i < m; ++i) {
     for (int j = 0; j < n; ++j) {
@@ -450,13 +444,22 @@ std::optional<DmdFit> dmd_fit(const std::vector<const T*>& snaps, int64_t d,
 template <class T, class Out>
 void dmd_combine(const std::vector<const T*>& snaps, int64_t d, const std::vector<double>& c,
                  Out* out) {
-  for (int64_t e = 0; e < d; ++e) {
-    double sum = 0;
-    for (size_t j = 0; j < c.size(); ++j) sum += c[j] * static_cast<double>(snaps[j + 1][e]);
-    out[e] = static_cast<Out>(sum);
+  // Blocks of values accumulated snapshot by snapshot (axpy loops the compiler vectorises).
+  constexpr int64_t kBlock = 1024;
+  double acc[kBlock];
+  for (int64_t start = 0; start < d; start += kBlock) {
+    const int64_t len = std::min(kBlock, d - start);
+    std::fill(acc, acc + len, 0.0);
+    for (size_t j = 0; j < c.size(); ++j) {
+      const T* x = snaps[j + 1] + start;
+      for (int64_t e = 0; e < len; ++e) acc[e] += c[j] * static_cast<double>(x[e]);
+    }
+    for (int64_t e = 0; e < len; ++e) out[start + e] = static_cast<Out>(acc[e]);
   }
 }
 
+template double dmd_dot(const float*, const float*, int64_t);
+template double dmd_dot(const double*, const double*, int64_t);
 template std::optional<DmdFit> dmd_fit(const std::vector<const float*>&, int64_t,
                                        const DmdOptions&);
 template std::optional<DmdFit> dmd_fit(const std::vector<const double*>&, int64_t,

@@ -9,10 +9,14 @@
 // A~ W = W diag(lambda), modes Phi = X' V_r S_r^-1 W, amplitudes b = argmin ||Phi b - x_{m-1}||,
 // and the forecast k spacings past the newest snapshot is Re(Phi (lambda^k .* b)).
 //
-// Everything is in double. The d-sized work is one streaming QR of the snapshots (their m x m R
-// factor, O(d m^2), no d-sized temporary): every later step is on m x m matrices, because all of
-// X, X' and x_{m-1} lie in the span of the snapshots. A forecast is then a real combination of
-// the snapshots x_1 .. x_{m-1}: O(d m) per forecast.
+// Everything is in double. The d-sized work is the Gram matrix of the snapshots (their inner
+// products, O(d m^2), or O(d m) per new snapshot when a sliding window keeps the old ones): all
+// of X, X' and x_{m-1} lie in the span of the snapshots, so with any F with F^T F = Gram (here
+// from its eigendecomposition) the whole fit runs on m x m matrices in the coordinates F gives.
+// Forming the Gram matrix squares the condition number: singular values down to cache-dit's
+// cut (1e-4 of the largest) keep a relative accuracy of about 1e-8, far below the float32
+// rounding of the features themselves. A forecast is then a real combination of the snapshots
+// x_1 .. x_{m-1}: O(d m) per forecast.
 #pragma once
 
 #include <complex>
@@ -42,16 +46,23 @@ class DmdFit {
   std::vector<double> coefficients(double k) const;
 
  private:
-  template <class T>
-  friend std::optional<DmdFit> dmd_fit(const std::vector<const T*>&, int64_t, const DmdOptions&);
+  friend std::optional<DmdFit> dmd_fit_gram(const std::vector<double>&, int, const DmdOptions&);
   int m_ = 0;
   std::vector<std::complex<double>> lambda_;
   std::vector<std::complex<double>> g_;  // (m-1) x r, row-major: V_r S_r^-1 W diag(b)
 };
 
-// Fits snapshots snaps[0..m-1] (oldest first), each d values; m >= 2. nullopt when the fit is
-// degenerate (every snapshot zero, no convergence of the eigen solver, modes without a
-// least-squares solution): cache-dit then reuses the newest snapshot.
+// sum_e a[e] * b[e], accumulated in double.
+template <class T>
+double dmd_dot(const T* a, const T* b, int64_t d);
+
+// Fits the snapshots x_0 .. x_{m-1} (oldest first) given by their m x m Gram matrix (row-major,
+// gram[i * m + j] = <x_i, x_j>); m >= 2. nullopt when the fit is degenerate (every snapshot
+// zero, no convergence of the eigen solver, modes without a least-squares solution): cache-dit
+// then reuses the newest snapshot.
+std::optional<DmdFit> dmd_fit_gram(const std::vector<double>& gram, int m,
+                                   const DmdOptions& options);
+// The same from the snapshots snaps[0..m-1], d values each.
 template <class T>
 std::optional<DmdFit> dmd_fit(const std::vector<const T*>& snaps, int64_t d,
                               const DmdOptions& options);
@@ -63,14 +74,13 @@ void dmd_combine(const std::vector<const T*>& snaps, int64_t d, const std::vecto
 
 // The small dense kernels, exposed for their tests.
 namespace dmd_detail {
-// R (m x m, row-major, upper triangular) of a QR factorisation of the d x m matrix whose
-// columns are cols[0..m-1], accumulated over row chunks by Householder reflections.
-template <class T>
-std::vector<double> snapshot_r(const std::vector<const T*>& cols, int64_t d);
 // Thin SVD of a rows x cols row-major matrix (rows >= cols) by one-sided Jacobi: singular
 // values descending, u (rows x cols) and v (cols x cols), row-major.
 void jacobi_svd(const std::vector<double>& a, int rows, int cols, std::vector<double>& s,
                 std::vector<double>& u, std::vector<double>& v);
+// An m x m F with F^T F = gram (a symmetric positive semi-definite m x m matrix), from its
+// eigendecomposition; eigenvalues below zero (rounding) count as zero.
+std::vector<double> gram_factor(const std::vector<double>& gram, int m);
 // Eigenvalues and unit eigenvectors (columns of w, n x n row-major) of a real n x n matrix by
 // the complex QR algorithm. False when it does not converge.
 bool eigen(const std::vector<double>& a, int n, std::vector<std::complex<double>>& lambda,

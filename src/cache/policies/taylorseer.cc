@@ -180,8 +180,11 @@ class TaylorSeer final : public Policy {
  private:
   // One stream's computed outputs for DMD, and the fit of their evenly spaced tail.
   struct DmdStream {
-    std::vector<int64_t> calls;               // the call of each output, oldest first
-    std::vector<StreamCopy> snaps;            // at most history_, float32 as computed
+    std::vector<int64_t> calls;     // the call of each output, oldest first
+    std::vector<StreamCopy> snaps;  // at most history_, float32 as computed
+    // Per batch item, the inner products of the snapshots (row-major, snaps x snaps): a new
+    // snapshot adds one row, so a window costs O(features x history) once, not per fit.
+    std::vector<std::vector<double>> gram;
     bool fitted = false;                      // fits belong to the current snapshots
     std::vector<std::optional<DmdFit>> fits;  // one per batch item (cache-dit fits each alone)
   };
@@ -193,11 +196,32 @@ class TaylorSeer final : public Policy {
 
   void add_snapshot(DmdStream& st, int64_t call, const StreamCopy& y) const {
     if (!st.snaps.empty() && !same_shape(st.snaps.back(), y)) st = DmdStream{};  // a new shape
-    st.calls.push_back(call);
-    st.snaps.push_back(y);
-    if (st.snaps.size() > static_cast<size_t>(history_)) {
+    if (st.snaps.size() == static_cast<size_t>(history_)) {  // the oldest leaves the window
+      const size_t n = st.snaps.size();
+      for (std::vector<double>& g : st.gram) {
+        std::vector<double> kept;
+        for (size_t i = 1; i < n; ++i) kept.insert(kept.end(), &g[i * n + 1], &g[i * n] + n);
+        g = std::move(kept);
+      }
       st.calls.erase(st.calls.begin());
       st.snaps.erase(st.snaps.begin());
+    }
+    st.calls.push_back(call);
+    st.snaps.push_back(y);
+    const size_t n = st.snaps.size();
+    const int64_t item = y.seq * y.cols;
+    st.gram.resize(static_cast<size_t>(y.batch));
+    for (int64_t b = 0; b < y.batch; ++b) {
+      std::vector<double>& g = st.gram[static_cast<size_t>(b)];
+      std::vector<double> grown(n * n);
+      for (size_t i = 0; i + 1 < n; ++i) {
+        for (size_t j = 0; j + 1 < n; ++j) grown[i * n + j] = g[i * (n - 1) + j];
+      }
+      for (size_t j = 0; j < n; ++j) {
+        grown[(n - 1) * n + j] = grown[j * n + n - 1] =
+            dmd_dot(st.snaps[j].v.data() + b * item, y.v.data() + b * item, item);
+      }
+      g = std::move(grown);
     }
     st.fitted = false;
   }
@@ -223,8 +247,15 @@ class TaylorSeer final : public Policy {
     };
     if (!st.fitted) {
       st.fits.clear();
-      for (int64_t b = 0; b < newest.batch; ++b)
-        st.fits.push_back(dmd_fit(columns(b), item, dmd_options_));
+      const size_t len = n - first;
+      for (int64_t b = 0; b < newest.batch; ++b) {
+        const std::vector<double>& g = st.gram[static_cast<size_t>(b)];
+        std::vector<double> tail(len * len);  // the tail's block of the inner products
+        for (size_t i = 0; i < len; ++i) {
+          for (size_t j = 0; j < len; ++j) tail[i * len + j] = g[(first + i) * n + first + j];
+        }
+        st.fits.push_back(dmd_fit_gram(tail, static_cast<int>(len), dmd_options_));
+      }
       st.fitted = true;
       ++dmd_fits_;
     }
