@@ -1,13 +1,14 @@
 // Dynamic mode decomposition over a short window of snapshots (exact DMD: Schmid 2010, Tu et
 // al. 2014), the forecaster of cache-dit's DMD calibrator (cache_dit/caching/cache_contexts/
-// calibrators/dmd.py, cache-dit 1.5.3) written from its description, for TaylorSeer's
+// calibrators/dmd.py, cache-dit 1.5.3) written anew after reading it, for TaylorSeer's
 // forecaster=dmd.
 //
 // Snapshots x_0 .. x_{m-1} (oldest first, evenly spaced, d values each) are split into
 // X = [x_0 .. x_{m-2}] and X' = [x_1 .. x_{m-1}]; a linear propagator X' ~= A X is identified
-// through the economy SVD X = U S V^T truncated to rank r, A~ = U_r^T X' V_r S_r^-1 (r x r),
-// A~ W = W diag(lambda), modes Phi = X' V_r S_r^-1 W, amplitudes b = argmin ||Phi b - x_{m-1}||,
-// and the forecast k spacings past the newest snapshot is Re(Phi (lambda^k .* b)).
+// through the economy SVD X = U S V^T truncated to rank r, A~ = U_r^T X' V_r S_r^-1 (r x r;
+// S_r^-1 is 1 / (S_r + ridge) throughout), A~ W = W diag(lambda), modes Phi = X' V_r S_r^-1 W,
+// amplitudes b = argmin ||Phi b - x_{m-1}||, and the forecast k spacings past the newest
+// snapshot is Re(Phi (lambda^k .* b)).
 //
 // Everything is in double. The d-sized work is the Gram matrix of the snapshots (their inner
 // products, O(d m^2), or O(d m) per new snapshot when a sliding window keeps the old ones): all
