@@ -3,6 +3,7 @@
 // refusals, each naming the file and the field.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -244,7 +245,13 @@ TEST(ShowcaseSweep, BuiltInSweepsCoverEveryPolicy) {
     EXPECT_EQ(quick[2 + i].step_caches[0].rfind(policies[i].name, 0), 0u);
   }
   const std::vector<ShowcaseConfig> full = showcase_sweep("full");
-  EXPECT_EQ(full.size(), 2 + policies.size() * 3 * 2 + 12);
+  // Three settings per policy, and TaylorSeer's fourth: its DMD forecaster.
+  EXPECT_EQ(full.size(), 2 + policies.size() * 3 * 2 + 2 + 12);
+  EXPECT_EQ(std::count_if(full.begin(), full.end(),
+                          [](const ShowcaseConfig& c) {
+                            return c.label == "kv+taylorseer:forecaster=dmd,interval=2";
+                          }),
+            1);
   // Each written as a sweep file reads back the same, and passes the registry's checks.
   for (const auto& sweep : {quick, full}) {
     const std::vector<ShowcaseConfig> back =
