@@ -188,8 +188,8 @@ TEST(SeaCacheTraceCoverage, BothModelsCfgAndSkips) {
 
 // ---------------------------------------------------------------- rules on a scripted stack
 
-// One block over a target of `tokens` x 2 whose output adds `add(call)`; the latent at step k
-// is `latent(k)` (a 2x2 grid of one channel, batch 1).
+// One block over a 2 x 2 target whose output adds `add(k)` (7 more in the unconditional
+// branch); the latent at step k is `latent(k)` (a 2x2 grid of one channel, batch 1).
 struct Scripted {
   std::function<float(int)> add = [](int k) { return 1.0f + k; };
   std::function<std::vector<float>(int)> latent = [](int k) {
@@ -219,7 +219,7 @@ struct Scripted {
         s.s.push_back({"target", {target.data(), 2, 2, 2}, 2, 0});
         p.begin(s, {});
         if (p.before_block(0, s) == cache::BlockAction::kRun) {
-          for (float& v : target) v += add(k);
+          for (float& v : target) v += add(k) + 7.0f * static_cast<float>(b);
         }
         p.after_block(0, s);
         p.end(s);
@@ -273,6 +273,21 @@ TEST(SeaCacheRules, AccumulatesTheFilteredChangeAgainstTheThreshold) {
   const std::string mid = s.run("seacache:threshold=0.1,max_consecutive_cached=0", 8).first;
   EXPECT_NE(mid.find('s'), std::string::npos) << mid;
   EXPECT_NE(mid.substr(1, 6).find('C'), std::string::npos) << mid;
+}
+
+// The conditional branch's decisions and outputs are those it has without an unconditional
+// branch (whose target, and so residuals, differ): no state is shared.
+TEST(SeaCacheRules, BranchesNeverShareState) {
+  Scripted s;
+  s.add = [](int k) { return 3.0f * k * k; };
+  for (const char* spec : {"seacache", "seacache:max_consecutive_cached=0,retention_steps=2"}) {
+    const auto alone = s.run(spec, 8), paired = s.run(spec, 8, true);
+    EXPECT_EQ(alone.second, paired.second) << spec;
+    std::string cond;
+    for (size_t i = 0; i < paired.first.size(); i += 2) cond += paired.first[i];
+    EXPECT_EQ(alone.first, cond) << spec;
+    EXPECT_NE(alone.first.find('s'), std::string::npos) << spec;
+  }
 }
 
 TEST(SeaCacheRules, WithoutALatentEveryCallComputes) {
