@@ -82,6 +82,10 @@ class SeaCache final : public Policy {
     st.consecutive = 0;  // a full execution
     if (!recording_) return;
     Entry e;
+    if (st.history.size() > static_cast<size_t>(order_)) {  // full: reuse the oldest's storage
+      e = std::move(st.history.front());
+      st.history.pop_front();
+    }
     e.step = ctx_.step;
     residual_into(e.residual, target, s.batch, input_);
     st.history.push_back(std::move(e));
@@ -98,23 +102,22 @@ class SeaCache final : public Policy {
     int key_step = 0;
     float key_sigma = 0;
     bool key_compute = true;
-    std::vector<std::vector<float>> previous;  // the filtered latents, per batch element
+    std::vector<std::vector<float>> previous, current;  // filtered latents, per batch element
     double acc = 0;
     int64_t consecutive = 0;    // calls skipped in a row
     std::deque<Entry> history;  // the last residual_order + 1 full calls
   };
   State& state() { return states_[ctx_.branch]; }
 
-  // The filtered latent of each batch element.
-  std::vector<std::vector<float>> indicator() const {
+  // The filtered latent of each batch element, into `out` (its storage reused).
+  void indicator(std::vector<std::vector<float>>& out) const {
     const StepContext::Latents& l = ctx_.latents;
     const int64_t n = l.h * l.w * l.channels;
-    std::vector<std::vector<float>> out(static_cast<size_t>(l.batch),
-                                        std::vector<float>(static_cast<size_t>(n)));
+    out.resize(static_cast<size_t>(l.batch));
+    for (auto& v : out) v.resize(static_cast<size_t>(n));
     for (int64_t b = 0; b < l.batch; ++b)
       sea_filter(l.x + b * n, l.h, l.w, l.channels, ctx_.sigma, power_,
                  out[static_cast<size_t>(b)].data());
-    return out;
   }
 
   // mean over batch elements of mean |cur - prev| / (mean |prev| + 1e-16); infinite when the
@@ -150,7 +153,8 @@ class SeaCache final : public Policy {
       st.acc = 0;
       st.consecutive = 0;
     }
-    std::vector<std::vector<float>> cur = indicator();
+    std::vector<std::vector<float>>& cur = st.current;
+    indicator(cur);
     const bool capped = max_consecutive_ > 0 && st.consecutive >= max_consecutive_;
     const bool forced = non_adjacent || k < retention_ || k >= ctx_.num_steps - cache_end_ ||
                         st.previous.empty() || capped;
@@ -163,7 +167,7 @@ class SeaCache final : public Policy {
     }
     st.acc = compute ? 0 : candidate;
     st.has_key = true, st.key_step = k, st.key_sigma = ctx_.sigma, st.key_compute = compute;
-    st.previous = std::move(cur);
+    std::swap(st.previous, st.current);
     return compute;
   }
 
