@@ -271,7 +271,9 @@ TEST(HostileCallers, CheckFiniteNamesTheFirstNonFiniteTensor) {
 TEST(HostileCallers, CacheKnobsOutsideTheirRangesAreRefused) {
   for (const char* spec :
        {"teacache:threshold=nan", "teacache:threshold=inf", "fbcache:threshold=-1",
-        "fora:interval=0", "pab:skip=2.5", "magcache:ratios=1.0/nan", "taylorseer:order=1e300"}) {
+        "fora:interval=0", "pab:skip=2.5", "magcache:ratios=1.0/nan", "taylorseer:order=1e300",
+        "seacache:residual_order=2", "seacache:power_exp=0", "seacache:max_consecutive_cached=-1",
+        "seacache:retention_steps=1.5"}) {
     expect_error([&] { check_step_caches({spec}); }, {"cache option"});
   }
   expect_error([] { check_step_caches({"fbcache:threshold=0.1,threshold=0.2"}); },

@@ -276,6 +276,7 @@ std::vector<ShowcaseConfig> showcase_sweep(const std::string& name) {
       {"fora", {"fora", "fora:interval=2", "fora:interval=4"}},
       {"pab", {"pab", "pab:skip=3", "pab:hi=1000"}},
       {"fastercache", {"fastercache", "fastercache:attn_skip=3", "fastercache:attn_hi=901"}},
+      {"seacache", {"seacache", "seacache:threshold=0.1", "seacache:threshold=0.5"}},
   };
   auto settings_of = [&](const std::string& policy) {
     for (const Settings& s : table) {

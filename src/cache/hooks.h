@@ -29,6 +29,13 @@ struct StepContext {
   int branch = 0;         // 0: conditional (or the only branch), 1: unconditional
   bool cfg = false;       // the request runs an unconditional branch too
   bool prefill = false;   // this call stores an exact cache: hooks must not skip
+  // The latent this step denoises, as the scheduler holds it: the target's packed tokens
+  // [batch, h * w, channels], grid rows first (SeaCache filters it). Valid during the call;
+  // x is null where no latent is known (a scripted block stack).
+  struct Latents {
+    const float* x = nullptr;
+    int64_t batch = 0, h = 0, w = 0, channels = 0;
+  } latents;
 };
 
 // The residual streams a block loop carries, as views of the model's activations.

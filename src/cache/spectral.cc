@@ -74,4 +74,115 @@ std::vector<uint8_t> low_frequency_mask(int64_t h, int64_t w) {
   return m;
 }
 
+namespace {
+
+// The gain grid [h][w] (float32 products, frame axis first, as diffusers broadcasts them) and
+// its mean, in double.
+std::vector<float> sea_gain_grid(int64_t h, int64_t w, double sigma, double power, double* mean) {
+  const std::vector<float> gt = sea_axis_gain(1, sigma, power), gh = sea_axis_gain(h, sigma, power),
+                           gw = sea_axis_gain(w, sigma, power);
+  std::vector<float> g(static_cast<size_t>(h * w));
+  double sum = 0;
+  for (int64_t i = 0; i < h; ++i) {
+    for (int64_t j = 0; j < w; ++j) {
+      const float v = gt[0] * gh[static_cast<size_t>(i)] * gw[static_cast<size_t>(j)];
+      g[static_cast<size_t>(i * w + j)] = v;
+      sum += v;
+    }
+  }
+  *mean = sum / static_cast<double>(h * w);
+  return g;
+}
+
+// Whether a mean normalises: finite and positive (diffusers leaves the gains as they are else).
+bool normalises(double mean) {
+  return std::isfinite(mean) && mean > 0;
+}
+
+// The circulant matrix [n][n] of one axis' gain: M[i][j] = (1/n) sum_k g_k cos(2 pi k (i-j) / n).
+std::vector<double> circulant(const std::vector<float>& g) {
+  const int64_t n = static_cast<int64_t>(g.size());
+  std::vector<double> kernel(static_cast<size_t>(n), 0.0);
+  for (int64_t d = 0; d < n; ++d) {
+    double acc = 0;
+    for (int64_t k = 0; k < n; ++k) {
+      acc += g[static_cast<size_t>(k)] *
+             std::cos(2.0 * M_PI * static_cast<double>((k * d) % n) / static_cast<double>(n));
+    }
+    kernel[static_cast<size_t>(d)] = acc / static_cast<double>(n);
+  }
+  std::vector<double> m(static_cast<size_t>(n * n));
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < n; ++j)
+      m[static_cast<size_t>(i * n + j)] = kernel[static_cast<size_t>(((i - j) % n + n) % n)];
+  return m;
+}
+
+}  // namespace
+
+std::vector<float> sea_axis_gain(int64_t n, double sigma, double power) {
+  sigma = std::max(1e-6, std::min(1.0 - 1e-6, sigma));
+  const float a = static_cast<float>(1.0 - sigma),
+              a2 = static_cast<float>((1.0 - sigma) * (1.0 - sigma)),
+              b2 = static_cast<float>(sigma * sigma), p = static_cast<float>(power);
+  const float step = static_cast<float>(1.0 / static_cast<double>(n));  // fftfreq: k * (1 / n)
+  std::vector<float> g(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t k = i < (n + 1) / 2 ? i : i - n;
+    const float f = std::fabs(static_cast<float>(k) * step);
+    const float s = 1.0f / (std::pow(f, p) + 1e-16f);
+    g[static_cast<size_t>(i)] = a * s / (a2 * s + b2 + 1e-16f);
+  }
+  return g;
+}
+
+void sea_filter_reference(const float* x, int64_t h, int64_t w, int64_t channels, double sigma,
+                          double power, float* out) {
+  double mean = 0;
+  std::vector<float> g = sea_gain_grid(h, w, sigma, power, &mean);
+  if (normalises(mean)) {
+    for (float& v : g) v = static_cast<float>(v / mean);
+  }
+  Spectrum s = dft2(x, h, w, channels);
+  for (int64_t c = 0; c < channels; ++c)
+    for (int64_t p = 0; p < h * w; ++p)
+      s.v[static_cast<size_t>(c * h * w + p)] *= g[static_cast<size_t>(p)];
+  std::fill(out, out + h * w * channels, 0.0f);
+  add_inverse_dft2(s, out);
+}
+
+void sea_filter(const float* x, int64_t h, int64_t w, int64_t channels, double sigma, double power,
+                float* out) {
+  double mean = 0;
+  (void)sea_gain_grid(h, w, sigma, power, &mean);
+  const double scale = sea_axis_gain(1, sigma, power)[0] / (normalises(mean) ? mean : 1.0);
+  const std::vector<double> mh = circulant(sea_axis_gain(h, sigma, power)),
+                            mw = circulant(sea_axis_gain(w, sigma, power));
+  const int64_t C = channels;
+  // Along columns: t[r, i, :] = sum_j mw[i][j] x[r, j, :].
+  std::vector<double> t(static_cast<size_t>(h * w * C), 0.0);
+  for (int64_t r = 0; r < h; ++r) {
+    for (int64_t i = 0; i < w; ++i) {
+      double* dst = &t[static_cast<size_t>((r * w + i) * C)];
+      for (int64_t j = 0; j < w; ++j) {
+        const double m = mw[static_cast<size_t>(i * w + j)];
+        const float* src = x + (r * w + j) * C;
+        for (int64_t c = 0; c < C; ++c) dst[c] += m * src[c];
+      }
+    }
+  }
+  // Along rows: out[i, col, :] = scale * sum_r mh[i][r] t[r, col, :].
+  std::vector<double> acc(static_cast<size_t>(w * C));
+  for (int64_t i = 0; i < h; ++i) {
+    std::fill(acc.begin(), acc.end(), 0.0);
+    for (int64_t r = 0; r < h; ++r) {
+      const double m = mh[static_cast<size_t>(i * h + r)];
+      const double* src = &t[static_cast<size_t>(r * w * C)];
+      for (int64_t k = 0; k < w * C; ++k) acc[static_cast<size_t>(k)] += m * src[k];
+    }
+    for (int64_t k = 0; k < w * C; ++k)
+      out[i * w * C + k] = static_cast<float>(scale * acc[static_cast<size_t>(k)]);
+  }
+}
+
 }  // namespace flowkv::cache

@@ -156,6 +156,11 @@ LoopResult run_denoise(const ExecContext& ctx, DenoiseAdapter& a, const LoopOpti
     sc.step = k, sc.num_steps = steps, sc.cfg = res.cfg;
     sc.sigma = static_cast<float>(res.schedule.sigmas[ks]);
     sc.timestep = static_cast<float>(res.schedule.timesteps[ks]);
+    sc.latents = {.x = res.latents.data(),
+                  .batch = B,
+                  .h = a.grid_height(),
+                  .w = a.grid_width(),
+                  .channels = C};
     double step_seconds = 0;
     bool ran_uncond = true;
     for (int b = 0; b < branches; ++b) {
