@@ -44,6 +44,7 @@ inline const std::vector<std::string> kModelFiring = {
     "taylorseer:interval=2,before=1",
     "fora:interval=2",
     "pab:lo=-1,hi=2000",
+    "meancache:budget=3",
 };
 
 inline bool same_bits(const Tensor& a, const Tensor& b) {

@@ -580,7 +580,8 @@ const std::vector<std::string> kNeverFiring = {
     "fbcache:threshold=0",   "dbcache:fn=1,threshold=0,warmup=0",
     "teacache:threshold=0",  "magcache:ratios=flux1,max_skip=0",
     "taylorseer:interval=1", "fora:interval=1",
-    "pab:lo=2000,hi=3000",   "fastercache:attn_lo=2000,attn_hi=3000,uncond_lo=2000,uncond_hi=3000"};
+    "pab:lo=2000,hi=3000",   "fastercache:attn_lo=2000,attn_hi=3000,uncond_lo=2000,uncond_hi=3000",
+    "meancache:budget=1000"};
 
 TEST(StepCacheInModels, PoliciesThatNeverFireAreBitIdenticalToNoPolicy) {
   expect_every_policy(kNeverFiring);
