@@ -274,6 +274,7 @@ std::vector<ShowcaseConfig> showcase_sweep(const std::string& name) {
       {"fora", {"fora", "fora:interval=2", "fora:interval=4"}},
       {"pab", {"pab", "pab:skip=3", "pab:hi=1000"}},
       {"fastercache", {"fastercache", "fastercache:attn_skip=3", "fastercache:attn_hi=901"}},
+      {"meancache", {"meancache", "meancache:budget=5", "meancache:budget=3,span=1"}},
   };
   auto settings_of = [&](const std::string& policy) {
     for (const Settings& s : table) {
