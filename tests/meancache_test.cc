@@ -496,7 +496,7 @@ TEST(MeanCacheKnobs, ErrorsNameTheProblem) {
          "no schedule named 'flux-b3' (published: qwen-image-2512-b10");
   expect("meancache:calibrate=1,budget=3", "takes no schedule");
   expect("meancache:max_gap=4", "go with calibrate=1");
-  expect("meancache:calibrate=1,max_gap=1", "max_gap=1 is outside [2, 1000]");
+  expect("meancache:calibrate=1,max_gap=1", "max_gap=1 is outside [2, 100]");
   expect("meancache:span=0", "span=0 is outside [1, 16]");
   expect("meancache:budget=0", "budget=0 is outside [1, 100000]");
   expect("meancache:jvp=maybe", "is not true/false");

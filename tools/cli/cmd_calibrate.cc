@@ -249,7 +249,7 @@ void add_calibrate(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--max-gap", o->max_gap,
                   "meancache: the most steps from one computed step to the next it measures")
-      ->check(CLI::Range(2, 1000))
+      ->check(CLI::Range(2, 100))
       ->capture_default_str();
   cmd->callback([o] { std::exit(guarded([&] { return run(*o); })); });
 }

@@ -85,7 +85,7 @@ class MeanCache final : public Policy {
         blocks_(static_cast<int64_t>(t.blocks.size())) {
     const bool gap_given = !o.str("max_gap", "").empty();
     const bool span_max_given = !o.str("max_span", "").empty();
-    max_gap_ = static_cast<int>(o.integer("max_gap", 12, {2, 1000}));
+    max_gap_ = static_cast<int>(o.integer("max_gap", 12, {2, 100}));
     max_span_ = static_cast<int>(o.integer("max_span", 6, {1, kMaxSpan}));
     const std::string given = o.str("schedule", "");
     const bool spans_given = !o.str("spans", "").empty();
