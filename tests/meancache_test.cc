@@ -20,6 +20,7 @@
 #include "fixtures.h"
 #include "flowkv/calibrate.h"
 #include "flowkv/error.h"
+#include "flowkv/step_cache.h"
 #include "temp_files.h"
 #include "test_util.h"
 
@@ -508,6 +509,11 @@ TEST(MeanCacheKnobs, ErrorsNameTheProblem) {
   EXPECT_EQ(error_of("meancache:budget=1", 1), "");
   EXPECT_EQ(error_of("meancache:schedule=0/3/7"), "");
   EXPECT_EQ(error_of("meancache"), "");
+  // Without a model (check_step_caches before one is loaded) a table name is left to the
+  // request; everything else is checked.
+  EXPECT_NO_THROW(check_step_caches({"meancache:schedule=qwen-image-b10"}));
+  EXPECT_THROW(check_step_caches({"meancache:schedule=0/2/1"}), Error);
+  EXPECT_THROW(check_step_caches({"meancache:calibrate=1,schedule=0/1"}), Error);
 }
 
 }  // namespace
