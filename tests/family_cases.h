@@ -45,6 +45,7 @@ inline const std::vector<std::string> kModelFiring = {
     "fora:interval=2",
     "pab:lo=-1,hi=2000",
     "seacache:threshold=10",
+    "meancache:budget=3",
 };
 
 inline bool same_bits(const Tensor& a, const Tensor& b) {

@@ -1,6 +1,6 @@
 // Approximate step caches (FirstBlockCache, DBCache, TeaCache, MagCache, TaylorSeer, FORA, PAB,
-// FasterCache): named by a spec "name[:key=value,...]" (list values separated by '/'), several
-// composed per request, state per request and per CFG branch. See docs/caches.md.
+// FasterCache, MeanCache): named by a spec "name[:key=value,...]" (list values separated by '/'),
+// several composed per request, state per request and per CFG branch. See docs/caches.md.
 #pragma once
 
 #include <cstdint>
@@ -26,7 +26,11 @@ void check_step_caches(const std::vector<std::string>& specs);
 // "teacache.x" (the relative L1 change of block 0's modulated input since the branch's previous
 // call) and "teacache.y" (that of the model output), element i of both from the same call;
 // MagCache's "magcache.ratios" (one value per step, the first 1.0). One series per CFG branch
-// (and per completed run of num_steps calls, for MagCache).
+// (and per completed run of num_steps calls, for MagCache). MeanCache's "meancache.costs"
+// (branch 0: it measures the guided velocity): [steps, max_gap, max_span] and then, for every
+// step i, gap g = 1..max_gap and span K = 1..max_span, the relative L1 distance at step i + g
+// between the latents reached by skipping i+1..i+g-1 with span K and the run's (0 for g = 1, -1
+// past the last step); flowkv/calibrate.h searches schedules from them.
 struct StepCacheSeries {
   std::string name;
   int branch = 0;  // 0: conditional (or the only branch), 1: unconditional

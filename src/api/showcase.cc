@@ -277,6 +277,7 @@ std::vector<ShowcaseConfig> showcase_sweep(const std::string& name) {
       {"pab", {"pab", "pab:skip=3", "pab:hi=1000"}},
       {"fastercache", {"fastercache", "fastercache:attn_skip=3", "fastercache:attn_hi=901"}},
       {"seacache", {"seacache", "seacache:threshold=0.1", "seacache:threshold=0.5"}},
+      {"meancache", {"meancache", "meancache:budget=5", "meancache:budget=3,span=1"}},
   };
   auto settings_of = [&](const std::string& policy) {
     for (const Settings& s : table) {

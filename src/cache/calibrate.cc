@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <map>
 
 #include "flowkv/calibrate.h"
@@ -69,7 +70,112 @@ std::string joined(const std::vector<double>& v) {
   return s;
 }
 
+// Adds one "meancache.costs" series ([steps, max_gap, max_span, costs...]) to the running sum.
+void add_meancache_costs(MeanCacheCosts& sum, const std::vector<double>& v, size_t request) {
+  FLOWKV_CHECK(v.size() >= 3, "calibration: a MeanCache cost series without its sizes");
+  const int steps = static_cast<int>(v[0]), gap = static_cast<int>(v[1]),
+            span = static_cast<int>(v[2]);
+  FLOWKV_CHECK(steps >= 1 && gap >= 1 && span >= 1 &&
+                   v.size() == 3 + static_cast<size_t>(steps) * gap * span,
+               "calibration: a MeanCache cost series of ", v.size(), " values does not hold ",
+               steps, " x ", gap, " x ", span, " costs");
+  if (sum.series == 0) {
+    sum.steps = steps, sum.max_gap = gap, sum.max_span = span;
+    sum.cost.assign(v.size() - 3, 0.0);
+  }
+  FLOWKV_CHECK(sum.steps == steps && sum.max_gap == gap && sum.max_span == span,
+               "calibration: request ", request + 1, " measured MeanCache over ", steps,
+               " steps (gaps ", gap, ", spans ", span, "), an earlier one over ", sum.steps, " (",
+               sum.max_gap, ", ", sum.max_span, "): run every request with the same step count");
+  for (size_t i = 0; i < sum.cost.size(); ++i) {
+    if (v[3 + i] < 0) {
+      sum.cost[i] = -1;
+    } else if (sum.cost[i] >= 0) {
+      sum.cost[i] += v[3 + i];
+    }
+  }
+  sum.series++;
+}
+
 }  // namespace
+
+MeanCacheSchedule search_meancache_schedule(const MeanCacheCosts& c, int budget, double gamma) {
+  const int n = c.steps;
+  FLOWKV_CHECK(n >= 1 && c.series > 0,
+               "meancache schedule: no costs measured (run the requests "
+               "with meancache:calibrate=1)");
+  FLOWKV_CHECK(std::isfinite(gamma) && gamma > 0, "meancache schedule: gamma ", gamma,
+               " is not a positive number");
+  MeanCacheSchedule s;
+  s.budget = std::min(budget, n);
+  if (budget >= n) {
+    for (int k = 0; k < n; ++k) s.compute.push_back(k), s.spans.push_back(0);
+    return s;
+  }
+  FLOWKV_CHECK(budget >= 2, "meancache schedule: budget ", budget, " for ", n,
+               " steps: the first and the last step always compute, so at least 2");
+  // The edge i -> i + g: its weight and its best span (0 when nothing is skipped).
+  auto edge = [&](int i, int g, int* span) {
+    *span = 0;
+    if (g == 1) return 0.0;
+    double best = -1;
+    for (int k = 1; k <= c.max_span; ++k) {
+      const double w = c.at(i, g, k);
+      if (w >= 0 && (best < 0 || w < best)) best = w, *span = k;
+    }
+    return best;
+  };
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  // best[b][j]: the lightest path 0 -> j through b + 1 computed steps; from[b][j] its last edge.
+  const size_t B = static_cast<size_t>(budget), N = static_cast<size_t>(n);
+  std::vector<std::vector<double>> best(B, std::vector<double>(N, kInf));
+  std::vector<std::vector<int>> from(B, std::vector<int>(N, -1));
+  best[0][0] = 0;
+  for (size_t b = 1; b < B; ++b) {
+    for (int j = 1; j < n; ++j) {
+      for (int i = std::max(0, j - c.max_gap); i < j; ++i) {
+        if (best[b - 1][static_cast<size_t>(i)] == kInf) continue;
+        int span = 0;
+        const double w = edge(i, j - i, &span);
+        if (w < 0) continue;
+        const double total = best[b - 1][static_cast<size_t>(i)] + std::pow(w, gamma);
+        if (total < best[b][static_cast<size_t>(j)]) {
+          best[b][static_cast<size_t>(j)] = total, from[b][static_cast<size_t>(j)] = i;
+        }
+      }
+    }
+  }
+  FLOWKV_CHECK(best[B - 1][N - 1] < kInf, "meancache schedule: ", budget,
+               " computed steps cannot "
+               "cover ",
+               n, " steps with at most ", c.max_gap - 1,
+               " skipped in a row (measured "
+               "with max_gap=",
+               c.max_gap, "): raise the budget or calibrate with a larger max_gap");
+  s.cost = best[B - 1][N - 1];
+  for (int b = budget - 1, j = n - 1; b >= 0;
+       j = from[static_cast<size_t>(b)][static_cast<size_t>(j)], --b)
+    s.compute.push_back(j);
+  std::reverse(s.compute.begin(), s.compute.end());
+  for (size_t m = 0; m < s.compute.size(); ++m) {
+    int span = 0;
+    if (m + 1 < s.compute.size()) {
+      const double w = edge(s.compute[m], s.compute[m + 1] - s.compute[m], &span);
+      s.peak = std::max(s.peak, w);
+    }
+    s.spans.push_back(span);
+  }
+  return s;
+}
+
+std::string MeanCacheSchedule::spec() const {
+  auto list = [](const std::vector<int>& v) {
+    std::string out;
+    for (int x : v) out += (out.empty() ? "" : "/") + std::to_string(x);
+    return out;
+  };
+  return compute.empty() ? "" : "meancache:schedule=" + list(compute) + ",spans=" + list(spans);
+}
 
 PolynomialFit fit_polynomial(const std::vector<double>& x, const std::vector<double>& y,
                              int degree) {
@@ -137,7 +243,9 @@ StepCacheCalibration fit_step_caches(const std::vector<std::vector<StepCacheStat
     std::map<int, std::vector<double>> x, y;  // by branch, this request
     for (const StepCacheStats& st : requests[r]) {
       for (const StepCacheSeries& s : st.measured) {
-        if (s.name == "teacache.x") {
+        if (s.name == "meancache.costs") {
+          add_meancache_costs(cal.meancache, s.values, r);
+        } else if (s.name == "teacache.x") {
           x[s.branch].insert(x[s.branch].end(), s.values.begin(), s.values.end());
         } else if (s.name == "teacache.y") {
           y[s.branch].insert(y[s.branch].end(), s.values.begin(), s.values.end());
@@ -160,6 +268,9 @@ StepCacheCalibration fit_step_caches(const std::vector<std::vector<StepCacheStat
     }
   }
   for (double s : sum) cal.magcache_ratios.push_back(s / static_cast<double>(cal.magcache_series));
+  for (double& c : cal.meancache.cost) {
+    if (c >= 0) c /= static_cast<double>(cal.meancache.series);
+  }
   constexpr int kDegree = 4;  // TeaCache's polynomial
   try {
     cal.teacache = fit_polynomial(xs, ys, kDegree);

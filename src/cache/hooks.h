@@ -8,7 +8,9 @@
 // prefix) are never skipped, so an exact cache's K/V stay exact under any policy.
 //
 // Step hooks: the pipeline asks whether to run a CFG branch at all this step (FasterCache's
-// unconditional skipping) and lets the policy fill a skipped branch's velocity.
+// unconditional skipping) and lets the policy fill a skipped branch's velocity. At the loop
+// level it asks whether to run the step's model calls at all (MeanCache): a skipped step runs
+// no branch, and the policy writes the velocity the Euler step consumes.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +27,7 @@ struct StepContext {
   int step = 0;  // 0-based denoising step
   int num_steps = 1;
   float sigma = 1;        // the scheduler's sigma of this step
+  float sigma_next = 0;   // the sigma the Euler step moves to (0 after the last step)
   float timestep = 1000;  // sigma * 1000, the scale diffusers' callbacks see
   int branch = 0;         // 0: conditional (or the only branch), 1: unconditional
   bool cfg = false;       // the request runs an unconditional branch too
@@ -113,6 +116,18 @@ class StepHooks {
   // A branch's model output (its velocity, `count` floats [batch, tokens, channels]) after a
   // call that ran, whatever its blocks did; valid during the call only (TeaCache calibration).
   virtual void observe_output(const StepContext& ctx, const float* v, int64_t count) {}
+
+  // Loop level, once per step before any branch (ctx.branch 0; ctx.prefill: some branch stores
+  // an exact cache this step). False: no model call runs this step, for any branch, and
+  // fill_velocity() writes `v`, the velocity the Euler step consumes (after guidance, `count`
+  // floats [batch, tokens, channels]), from `latents`, the latents the step starts from.
+  virtual bool run_step(const StepContext& ctx) { return true; }
+  virtual void fill_velocity(const StepContext& ctx, const float* latents, float* v,
+                             int64_t count) {}
+  // Every step, computed or filled, just before the Euler update x += (sigma_next - sigma) v:
+  // the latents it starts from and the velocity it consumes.
+  virtual void observe_step(const StepContext& ctx, const float* latents, const float* v,
+                            int64_t count) {}
 };
 
 }  // namespace flowkv::cache

@@ -246,4 +246,23 @@ void Composite::observe_output(const StepContext& ctx, const float* v, int64_t c
   for (auto& p : parts_) p->observe_output(ctx, v, count);
 }
 
+bool Composite::run_step(const StepContext& ctx) {
+  step_declined_by_ = -1;
+  for (size_t i = 0; i < parts_.size(); ++i) {
+    if (!parts_[i]->run_step(ctx) && step_declined_by_ < 0) step_declined_by_ = static_cast<int>(i);
+  }
+  return step_declined_by_ < 0;
+}
+
+void Composite::fill_velocity(const StepContext& ctx, const float* latents, float* v,
+                              int64_t count) {
+  FLOWKV_CHECK(step_declined_by_ >= 0, "fill_velocity without a skipped step");
+  parts_[static_cast<size_t>(step_declined_by_)]->fill_velocity(ctx, latents, v, count);
+}
+
+void Composite::observe_step(const StepContext& ctx, const float* latents, const float* v,
+                             int64_t count) {
+  for (auto& p : parts_) p->observe_step(ctx, latents, v, count);
+}
+
 }  // namespace flowkv::cache

@@ -100,7 +100,9 @@ std::vector<std::unique_ptr<Policy>> make_policies(const std::vector<std::string
 
 // Forwards to several policies (a block is skipped if any policy skips it; every policy is asked
 // whether it reuses a sublayer, so call counters stay in step, and the first that does provides
-// it; every policy observes computed outputs).
+// it; every policy observes computed outputs). A step is skipped if any policy skips it (every
+// policy is asked), the first that does fills its velocity, and every policy observes every
+// step's velocity.
 class Composite final : public Policy {
  public:
   explicit Composite(std::vector<std::unique_ptr<Policy>> parts);
@@ -127,11 +129,17 @@ class Composite final : public Policy {
                         int64_t batch, int64_t tokens, int64_t channels, int64_t h,
                         int64_t w) override;
   void observe_output(const StepContext& ctx, const float* v, int64_t count) override;
+  bool run_step(const StepContext& ctx) override;
+  void fill_velocity(const StepContext& ctx, const float* latents, float* v,
+                     int64_t count) override;
+  void observe_step(const StepContext& ctx, const float* latents, const float* v,
+                    int64_t count) override;
 
  private:
   std::vector<std::unique_ptr<Policy>> parts_;
   std::vector<int> reused_by_;  // per block x sublayer: which part reuses (-1 none)
   int declined_by_ = -1;        // which part skipped this step's branch
+  int step_declined_by_ = -1;   // which part skipped this whole step
 };
 
 }  // namespace flowkv::cache

@@ -102,6 +102,54 @@ const Family& resolve(const std::string& model) {
   return *f;
 }
 
+namespace {
+
+// MeanCache's schedules as UnicomAI/MeanCache publishes them (main() of Mc_qwenimage.py,
+// Mc_qwenimage_2512.py and MC_zimage.py at 2e12280; 50 steps): "meancache.schedule.NAME" lists
+// the steps that run the model, "meancache.spans.NAME" the JVP span of the steps skipped after
+// each (the reference's edge_source: chain 0, v_diff_mean 1, v_diff_mean_jvp1_sK K). Searched
+// on Qwen-Image, Qwen-Image-2512 and Z-Image, not on FLUX.2 or Qwen-Image-2.1: a user names
+// them (meancache:schedule=qwen-image-b10), nothing picks them by default.
+void add_meancache_reference_schedules(Tables& t) {
+  const Tables schedules = {
+      {"meancache.schedule.qwen-image-b25",
+       {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 24, 32, 40, 43, 45, 47, 48, 49}},
+      {"meancache.spans.qwen-image-b25",
+       {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 5, 5, 5, 0, 0}},
+      {"meancache.schedule.qwen-image-b17",
+       {0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 17, 24, 31, 38, 45, 48, 49}},
+      {"meancache.spans.qwen-image-b17", {0, 0, 0, 0, 0, 0, 0, 0, 2, 1, 1, 1, 1, 1, 4, 0}},
+      {"meancache.schedule.qwen-image-b10", {0, 1, 3, 7, 14, 21, 28, 35, 42, 49}},
+      {"meancache.spans.qwen-image-b10", {0, 2, 1, 1, 1, 1, 1, 1, 4}},
+      {"meancache.schedule.qwen-image-2512-b25",
+       {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 23, 31, 37, 44, 45, 46, 47, 48, 49}},
+      {"meancache.spans.qwen-image-2512-b25",
+       {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 1, 1, 1, 5, 5, 0}},
+      {"meancache.schedule.qwen-image-2512-b17",
+       {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 19, 27, 35, 43, 47, 49}},
+      {"meancache.spans.qwen-image-2512-b17", {0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 1, 1, 1, 1, 5, 5}},
+      {"meancache.schedule.qwen-image-2512-b10", {0, 2, 4, 7, 14, 21, 28, 35, 42, 49}},
+      {"meancache.spans.qwen-image-2512-b10", {1, 3, 1, 1, 1, 1, 1, 1, 4}},
+      {"meancache.schedule.z-image-b25", {0,  1,  2,  3,  4,  5,  6,  8,  10, 11, 12, 13, 15,
+                                          16, 17, 18, 20, 22, 29, 37, 42, 45, 47, 48, 49}},
+      {"meancache.spans.z-image-b25",
+       {0, 0, 0, 0, 0, 0, 2, 2, 0, 0, 0, 2, 0, 0, 0, 5, 5, 1, 1, 1, 5, 5, 0, 0}},
+      {"meancache.schedule.z-image-b20",
+       {0, 1, 2, 3, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 30, 38, 43, 46, 48, 49}},
+      {"meancache.spans.z-image-b20", {0, 0, 0, 0, 2, 2, 2, 2, 2, 5, 4, 5, 5, 1, 1, 1, 5, 2, 0}},
+      {"meancache.schedule.z-image-b17",
+       {0, 1, 2, 3, 4, 6, 8, 10, 12, 14, 19, 27, 35, 43, 46, 48, 49}},
+      {"meancache.spans.z-image-b17", {0, 0, 0, 0, 2, 2, 2, 2, 2, 1, 1, 1, 1, 5, 2, 0}},
+      {"meancache.schedule.z-image-b15", {0, 1, 2, 3, 5, 7, 10, 12, 17, 25, 33, 41, 45, 48, 49}},
+      {"meancache.spans.z-image-b15", {0, 0, 0, 2, 2, 2, 2, 1, 1, 1, 1, 5, 4, 0}},
+      {"meancache.schedule.z-image-b13", {0, 1, 2, 3, 5, 9, 15, 22, 29, 36, 43, 47, 49}},
+      {"meancache.spans.z-image-b13", {0, 0, 0, 2, 1, 1, 1, 1, 1, 1, 5, 2}},
+  };
+  t.insert(schedules.begin(), schedules.end());
+}
+
+}  // namespace
+
 Tables flux1_tables() {
   // TeaCache's rescaling polynomial, highest power first: only FLUX.1's is calibrated
   // (TeaCache4FLUX); FLUX.2 and Qwen-Image-2.1 use it too until someone fits theirs
@@ -109,12 +157,14 @@ Tables flux1_tables() {
   // teacache:coefficients=a/b/c/d/e.
   // MagCache's ratios=flux1: diffusers' FLUX_MAG_RATIOS, measured on FLUX.1 at 28 steps. Not a
   // default ("magcache.ratios"): they were not measured on these models, so a user names them.
-  return {
+  Tables t = {
       {"teacache.coefficients", {498.651651, -283.781631, 55.8554382, -3.82021401, 0.264230861}},
       {"magcache.ratios.flux1",
        {1.0,     1.21094, 1.11719, 1.07812, 1.0625,  1.03906, 1.03125, 1.03906, 1.02344, 1.03125,
         1.02344, 0.98047, 1.01562, 1.00781, 1.0,     1.00781, 1.0,     1.00781, 1.0,     1.0,
         0.99609, 0.99609, 0.98047, 0.98828, 0.96484, 0.95703, 0.93359, 0.89062}}};
+  add_meancache_reference_schedules(t);
+  return t;
 }
 
 Tensor example_tensor(Shape shape, uint64_t seed) {

@@ -155,7 +155,8 @@ Family qwen21_family();
 cache::Topology flux2_topology(const flux2::Model& m);
 cache::Topology qwen21_topology(const qwen::Model21& m);
 
-// FLUX.1's step-cache tables, published by the families that have none fitted yet.
+// FLUX.1's step-cache tables, published by the families that have none fitted yet (with
+// MeanCache's reference schedules, searched on other models, which a user names).
 Tables flux1_tables();
 
 // Deterministic uniform [-1, 1) values of `shape` from `seed` (example inputs).

@@ -155,35 +155,54 @@ LoopResult run_denoise(const ExecContext& ctx, DenoiseAdapter& a, const LoopOpti
     cache::StepContext sc;
     sc.step = k, sc.num_steps = steps, sc.cfg = res.cfg;
     sc.sigma = static_cast<float>(res.schedule.sigmas[ks]);
+    sc.sigma_next = static_cast<float>(res.schedule.sigmas[ks + 1]);
     sc.timestep = static_cast<float>(res.schedule.timesteps[ks]);
     sc.latents = {.x = res.latents.data(),
                   .batch = B,
                   .h = a.grid_height(),
                   .w = a.grid_width(),
                   .channels = C};
-    double step_seconds = 0;
-    bool ran_uncond = true;
-    for (int b = 0; b < branches; ++b) {
-      sc.branch = b;
-      sc.prefill = a.prefill(b, k);
-      call.hooks = step_caches.at(sc);
-      if (call.hooks && !step_caches.policy().run_branch(sc)) {
-        ran_uncond = false;  // filled from the conditional output below
-        continue;
-      }
-      const double t0 = now();
-      a.forward(ctx, b, call);
-      step_seconds += now() - t0;
-      if (call.hooks) step_caches.policy().observe_output(sc, a.velocity(b), n);
+    // Loop-level step caches may skip every model call of this step and provide the velocity
+    // the Euler step consumes; never on a step that stores an exact cache.
+    bool run_model = true;
+    if (step_caches.active()) {
+      for (int b = 0; b < branches; ++b) sc.prefill = sc.prefill || a.prefill(b, k);
+      step_caches.at(sc);
+      run_model = step_caches.policy().run_step(sc);
+      sc.prefill = false;
     }
-    if (k == 0) store.filled();
-    if (branches == 2 && step_caches.active()) finish_branches(step_caches, sc, a, ran_uncond);
+    double step_seconds = 0;
+    const float* cond = nullptr;
+    const float* uncond = nullptr;
+    if (run_model) {
+      bool ran_uncond = true;
+      for (int b = 0; b < branches; ++b) {
+        sc.branch = b;
+        sc.prefill = a.prefill(b, k);
+        call.hooks = step_caches.at(sc);
+        if (call.hooks && !step_caches.policy().run_branch(sc)) {
+          ran_uncond = false;  // filled from the conditional output below
+          continue;
+        }
+        const double t0 = now();
+        a.forward(ctx, b, call);
+        step_seconds += now() - t0;
+        if (call.hooks) step_caches.policy().observe_output(sc, a.velocity(b), n);
+      }
+      if (k == 0) store.filled();
+      if (branches == 2 && step_caches.active()) finish_branches(step_caches, sc, a, ran_uncond);
+      cond = a.velocity(0);
+      uncond = !res.cfg ? nullptr : res.batched_cfg ? cond + n : a.velocity(1);
+      guide(cond, uncond, a.cfg_scale(), n, v.data());
+    } else {
+      step_caches.policy().fill_velocity(sc, res.latents.data(), v.data(), n);
+    }
     res.step_seconds.push_back(step_seconds);
     res.transformer_seconds += step_seconds;
-
-    const float* cond = a.velocity(0);
-    const float* uncond = !res.cfg ? nullptr : res.batched_cfg ? cond + n : a.velocity(1);
-    guide(cond, uncond, a.cfg_scale(), n, v.data());
+    if (step_caches.active()) {
+      sc.branch = 0, sc.prefill = false;
+      step_caches.policy().observe_step(sc, res.latents.data(), v.data(), n);
+    }
     sched::euler_step(res.latents.data(), v.data(), n, res.schedule.sigmas[ks],
                       res.schedule.sigmas[ks + 1], bf16);
     if (o.observe) o.observe(k, cond, uncond, v.data(), res.latents.data());

@@ -100,8 +100,9 @@ struct LoopOptions {
   // After each step: the x0 estimate latents - sigma * velocity, [B*N*C] (previews).
   std::function<void(int step, int steps, const float* x0)> on_estimate;
   std::function<void(int64_t hits, int64_t misses)> on_store_lookup;
-  // Sees every step's velocities (uncond nullptr without CFG), the guided velocity and the
-  // latents after the update (tests).
+  // Sees every step's velocities (uncond nullptr without CFG; both nullptr on a step a
+  // loop-level step cache skipped), the guided (or filled) velocity and the latents after the
+  // update (tests).
   std::function<void(int step, const float* cond, const float* uncond, const float* v,
                      const float* latents)>
       observe;

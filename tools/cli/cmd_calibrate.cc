@@ -1,6 +1,9 @@
 // calibrate: fits TeaCache's rescaling polynomial and MagCache's per-step ratios to a pipeline
 // by running its requests with teacache:calibrate=1 and magcache:calibrate=1 (both in one run:
-// neither skips anything), and prints them as --cache specs to pass back.
+// neither skips anything), or with --policy meancache searches MeanCache schedules for the
+// given budgets from meancache:calibrate=1's interval costs, and prints them as --cache specs
+// to pass back.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -25,6 +28,13 @@ struct Opts {
   int steps = 0;
   uint64_t seed = 0;
   bool seed_given = false;
+  std::vector<std::string> policies = {"teacache", "magcache"};
+  std::vector<int> budgets;  // MeanCache: one schedule per budget
+  double gamma = 2;
+  int max_gap = 12;
+  bool uses(const std::string& p) const {
+    return std::find(policies.begin(), policies.end(), p) != policies.end();
+  }
 };
 
 // The requests: the manifest's cases (their sizes, its steps and seed unless the flags say
@@ -34,8 +44,18 @@ std::vector<std::pair<std::string, GenerateRequest>> requests_of(const Opts& o) 
                "give either --cases FILE or one or more -p PROMPT (with -r pictures)");
   FLOWKV_CHECK(o.cases.empty() || o.refs.empty(),
                "-r goes with -p; a case's pictures are listed in --cases");
+  for (const std::string& p : o.policies) {
+    FLOWKV_CHECK(p == "teacache" || p == "magcache" || p == "meancache", "--policy ", p,
+                 ": calibrate fits teacache, magcache or meancache");
+  }
+  FLOWKV_CHECK(!o.uses("meancache") || !o.budgets.empty(),
+               "--policy meancache needs --budget N (the computed steps; repeat for more)");
+  FLOWKV_CHECK(o.budgets.empty() || o.uses("meancache"), "--budget goes with --policy meancache");
   GenerateRequest base;
-  base.step_caches = {"teacache:calibrate=1", "magcache:calibrate=1"};
+  for (const std::string& p : o.policies) {
+    base.step_caches.push_back(p + ":calibrate=1" +
+                               (p == "meancache" ? ",max_gap=" + std::to_string(o.max_gap) : ""));
+  }
   base.dtype = o.dtype;
   base.seed = o.seed;
   base.steps = o.steps;
@@ -68,19 +88,39 @@ std::vector<std::pair<std::string, GenerateRequest>> requests_of(const Opts& o) 
   return out;
 }
 
-void write_json(const std::string& path, const StepCacheCalibration& cal, int steps,
+void write_json(const std::string& path, const Opts& o, const StepCacheCalibration& cal,
+                const std::vector<MeanCacheSchedule>& schedules, int steps,
                 const std::vector<std::string>& names) {
   nlohmann::json j;
   j["cases"] = names;
   j["steps"] = steps;
   const PolynomialFit& f = cal.teacache;
-  j["teacache"] = {{"coefficients", f.coefficients}, {"pairs", f.samples},
-                   {"rms_residual", f.rms_residual}, {"max_residual", f.max_residual},
-                   {"x_range", {f.x_min, f.x_max}},  {"spec", cal.teacache_spec()},
-                   {"problem", cal.teacache_problem}};
-  j["magcache"] = {{"ratios", cal.magcache_ratios},
-                   {"series", cal.magcache_series},
-                   {"spec", cal.magcache_spec()}};
+  if (o.uses("teacache")) {
+    j["teacache"] = {{"coefficients", f.coefficients}, {"pairs", f.samples},
+                     {"rms_residual", f.rms_residual}, {"max_residual", f.max_residual},
+                     {"x_range", {f.x_min, f.x_max}},  {"spec", cal.teacache_spec()},
+                     {"problem", cal.teacache_problem}};
+  }
+  if (o.uses("magcache")) {
+    j["magcache"] = {{"ratios", cal.magcache_ratios},
+                     {"series", cal.magcache_series},
+                     {"spec", cal.magcache_spec()}};
+  }
+  if (o.uses("meancache")) {
+    nlohmann::json list = nlohmann::json::array();
+    for (const MeanCacheSchedule& s : schedules) {
+      list.push_back({{"budget", s.budget},
+                      {"schedule", s.compute},
+                      {"spans", s.spans},
+                      {"cost", s.cost},
+                      {"peak", s.peak},
+                      {"spec", s.spec()}});
+    }
+    j["meancache"] = {{"gamma", o.gamma},
+                      {"max_gap", o.max_gap},
+                      {"series", cal.meancache.series},
+                      {"schedules", list}};
+  }
   write_file_atomic(path, j.dump(2) + "\n");
 }
 
@@ -105,14 +145,18 @@ int run(const Opts& o) {
   const StepCacheCalibration cal = fit_step_caches(measured);
   const PolynomialFit& f = cal.teacache;
   std::printf("calibrated on %zu case(s) at %d steps\n", requests.size(), steps);
-  if (cal.teacache_spec().empty()) {
-    std::printf("teacache: not fitted: %s\n", cal.teacache_problem.c_str());
-  } else {
-    std::printf(
-        "teacache: %lld pairs, x in [%.6g, %.6g], degree-4 fit residual rms %.3g, max %.3g\n",
-        static_cast<long long>(f.samples), f.x_min, f.x_max, f.rms_residual, f.max_residual);
+  bool ok = true;
+  if (o.uses("teacache")) {
+    if (cal.teacache_spec().empty()) {
+      std::printf("teacache: not fitted: %s\n", cal.teacache_problem.c_str());
+      ok = false;
+    } else {
+      std::printf(
+          "teacache: %lld pairs, x in [%.6g, %.6g], degree-4 fit residual rms %.3g, max %.3g\n",
+          static_cast<long long>(f.samples), f.x_min, f.x_max, f.rms_residual, f.max_residual);
+    }
   }
-  if (!f.coefficients.empty()) {
+  if (o.uses("teacache") && !f.coefficients.empty()) {
     // TeaCache accumulates p(x): a negative value inside the fitted range would pay back change
     // already counted (noisy or too few pairs).
     double worst_x = f.x_min, worst = f.at(f.x_min);
@@ -127,14 +171,33 @@ int run(const Opts& o) {
           worst, worst_x);
     }
   }
-  std::printf("magcache: %lld series averaged\n", static_cast<long long>(cal.magcache_series));
-  if (!cal.teacache_spec().empty()) std::printf("--cache %s\n", cal.teacache_spec().c_str());
-  if (!cal.magcache_spec().empty()) std::printf("--cache %s\n", cal.magcache_spec().c_str());
+  if (o.uses("magcache")) {
+    std::printf("magcache: %lld series averaged\n", static_cast<long long>(cal.magcache_series));
+    ok = ok && !cal.magcache_spec().empty();
+  }
+  std::vector<MeanCacheSchedule> schedules;
+  if (o.uses("meancache")) {
+    std::printf("meancache: %lld series averaged, gamma %g\n",
+                static_cast<long long>(cal.meancache.series), o.gamma);
+    for (int b : o.budgets) {
+      schedules.push_back(search_meancache_schedule(cal.meancache, b, o.gamma));
+      const MeanCacheSchedule& s = schedules.back();
+      std::printf(
+          "meancache: budget %d: %zu of %d steps compute, sum of cost^gamma %.4g, "
+          "largest interval cost %.4g\n",
+          b, s.compute.size(), cal.meancache.steps, s.cost, s.peak);
+    }
+  }
+  if (o.uses("teacache") && !cal.teacache_spec().empty())
+    std::printf("--cache %s\n", cal.teacache_spec().c_str());
+  if (o.uses("magcache") && !cal.magcache_spec().empty())
+    std::printf("--cache %s\n", cal.magcache_spec().c_str());
+  for (const MeanCacheSchedule& s : schedules) std::printf("--cache %s\n", s.spec().c_str());
   if (!o.json.empty()) {
-    write_json(o.json, cal, steps, names);
+    write_json(o.json, o, cal, schedules, steps, names);
     std::printf("wrote %s\n", o.json.c_str());
   }
-  return cal.teacache_spec().empty() || cal.magcache_spec().empty() ? 1 : 0;
+  return ok ? 0 : 1;
 }
 
 }  // namespace
@@ -149,7 +212,11 @@ void add_calibrate(CLI::App& app) {
       "output (as TeaCache's authors fit theirs), and averages MagCache's ratios over the\n"
       "cases. Prints both as --cache specs for generate, bench and serve. The step count\n"
       "matters: calibrate at the one you will run (MagCache resamples its ratios to other\n"
-      "counts). Exit status 1 when either could not be fitted.");
+      "counts). Exit status 1 when either could not be fitted.\n"
+      "With --policy meancache --budget B: runs each case with meancache:calibrate=1 (nothing\n"
+      "is skipped), which measures the error of skipping each interval with each JVP span,\n"
+      "averages it over the cases and finds the schedule of B computed steps with the least\n"
+      "sum of cost^gamma (peak-suppressed shortest path); prints it as a --cache spec.");
   auto* o = new Opts;
   cmd->add_option("--model", o->model, "pipeline folder")->required();
   cmd->add_option("--cases", o->cases,
@@ -168,6 +235,22 @@ void add_calibrate(CLI::App& app) {
   cmd->add_option("--dtype", o->dtype, "transformer compute: auto, f32, bf16, int8")
       ->capture_default_str();
   cmd->add_option("--json", o->json, "also write the fit and the specs to this JSON file");
+  cmd->add_option("--policy", o->policies,
+                  "what to calibrate: teacache, magcache (the default: both), meancache; repeat "
+                  "for more")
+      ->capture_default_str();
+  cmd->add_option("--budget", o->budgets,
+                  "meancache: the steps that compute (first and last included); repeat for more "
+                  "schedules")
+      ->check(CLI::Range(1, static_cast<int>(limits::kMaxSteps)));
+  cmd->add_option("--gamma", o->gamma,
+                  "meancache: the exponent on each interval's cost (> 1 suppresses peaks)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--max-gap", o->max_gap,
+                  "meancache: the most steps from one computed step to the next it measures")
+      ->check(CLI::Range(2, 100))
+      ->capture_default_str();
   cmd->callback([o] { std::exit(guarded([&] { return run(*o); })); });
 }
 
