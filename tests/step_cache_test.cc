@@ -581,8 +581,7 @@ const std::vector<std::string> kNeverFiring = {
     "teacache:threshold=0",  "magcache:ratios=flux1,max_skip=0",
     "taylorseer:interval=1", "fora:interval=1",
     "pab:lo=2000,hi=3000",   "fastercache:attn_lo=2000,attn_hi=3000,uncond_lo=2000,uncond_hi=3000",
-    "seacache:threshold=0",
-    "meancache:budget=1000"};
+    "seacache:threshold=0",  "meancache:budget=1000"};
 
 TEST(StepCacheInModels, PoliciesThatNeverFireAreBitIdenticalToNoPolicy) {
   expect_every_policy(kNeverFiring);
