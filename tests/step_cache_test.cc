@@ -5,6 +5,7 @@
 // (Klein references, Qwen-Image-2.1 prefix) gives what it gives with the cache off.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -123,6 +124,41 @@ TEST(TaylorSeerTrace, SchedulesOfTheSpec) {
             "CCCpCppppCppppCppppCCCCCCCCC");
   // diffusers raises at call 0; flowkv refuses the settings up front.
   EXPECT_THROW(decisions("taylorseer:interval=4,before=0", 1), Error);
+}
+
+// flowkv predict's expected work: from the knobs alone, equal to what a run's schedule does
+// where the schedule is fixed (TaylorSeer's forecasts, MeanCache's skipped steps), a bound for
+// SeaCache, unknown for a policy that decides from the data.
+TEST(StepCachePredict, ExpectedWorkFollowsTheSchedules) {
+  auto count = [](const std::string& d, char c) {
+    return static_cast<double>(std::count(d.begin(), d.end(), c));
+  };
+  const std::vector<std::string> specs = {"taylorseer",
+                                          "taylorseer:interval=3,before=1",
+                                          "taylorseer:forecaster=dmd,interval=2",
+                                          "meancache",
+                                          "meancache:budget=8",
+                                          "seacache",
+                                          "teacache"};
+  const std::vector<StepCacheExpectation> e = expected_step_cache_work(specs, 28, 2);
+  ASSERT_EQ(e.size(), specs.size());
+  for (int i : {0, 1, 2}) {
+    const std::string d = decisions(specs[static_cast<size_t>(i)], 28);
+    EXPECT_TRUE(e[static_cast<size_t>(i)].known);
+    EXPECT_DOUBLE_EQ(e[static_cast<size_t>(i)].skipped_fraction, count(d, 'p') / 28)
+        << specs[static_cast<size_t>(i)] << " " << d;
+  }
+  // MeanCache at 40% of 28 steps (11 computed) and at a budget of 8: the measured runs of
+  // docs/caches.md skipped 238 and 280 of 392 calls (14 cases x 28 steps).
+  EXPECT_DOUBLE_EQ(e[3].skipped_fraction, 17.0 / 28);
+  EXPECT_DOUBLE_EQ(e[4].skipped_fraction, 20.0 / 28);
+  EXPECT_NE(e[4].text.find("0/4/8/12/15/19/23/27"), std::string::npos) << e[4].text;
+  // SeaCache: steps 1..26 may skip, at most 2 in a row: 26 - 26 / 3 = 18.
+  EXPECT_TRUE(e[5].upper_bound);
+  EXPECT_DOUBLE_EQ(e[5].skipped_fraction, 18.0 / 28);
+  EXPECT_FALSE(e[6].known);
+  EXPECT_NE(e[6].text.find("run time"), std::string::npos);
+  EXPECT_THROW(expected_step_cache_work({"meancache:schedule=0/4/7"}, 28, 1), Error);
 }
 
 std::vector<float> taylor_values(const std::string& spec, std::function<float(int)> g, int n) {

@@ -1,6 +1,6 @@
 // Approximate step caches (FirstBlockCache, DBCache, TeaCache, MagCache, TaylorSeer, FORA, PAB,
-// FasterCache, MeanCache): named by a spec "name[:key=value,...]" (list values separated by '/'),
-// several composed per request, state per request and per CFG branch. See docs/caches.md.
+// FasterCache, SeaCache, MeanCache): named by a spec "name[:key=value,...]" (list values separated
+// by '/'), several composed per request, state per request and per CFG branch. See docs/caches.md.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +21,20 @@ std::vector<StepCachePolicy> step_cache_policies();
 // on the model (DBCache's block counts, the tables TeaCache and MagCache read) is checked when a
 // request starts, or up front by check_step_caches(specs, model) (flowkv/model.h).
 void check_step_caches(const std::vector<std::string>& specs);
+
+// What each step cache will skip over a run of `steps` steps with `branches` model calls each
+// (2 with CFG), where its knobs alone say it (a fixed schedule, or a bound for a policy that
+// decides from the data): flowkv predict prints it beside the exact cache's figures.
+struct StepCacheExpectation {
+  std::string spec;
+  bool known = false;           // false: decided from the model's activations at run time
+  bool upper_bound = false;     // true: at most this much (or fewer FLOPs than the fraction)
+  double skipped_fraction = 0;  // of the transformer's model calls (or of its sublayers)
+  std::string text;             // the schedule in words
+  std::string unit;             // what the fraction counts ("model calls", "attention ...")
+};
+std::vector<StepCacheExpectation> expected_step_cache_work(const std::vector<std::string>& specs,
+                                                           int steps, int branches);
 
 // Numbers a policy was asked to measure (calibrate=1), by name: TeaCache's pairs
 // "teacache.x" (the relative L1 change of block 0's modulated input since the branch's previous

@@ -6,6 +6,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,14 @@ struct PolicyStats {
                           // s skipped, p predicted, r reused, a approximated
 };
 
+// What a policy's knobs alone say it will skip (Policy::expected).
+struct ExpectedWork {
+  double skipped_fraction = 0;       // of the transformer's work over the run (an upper bound when
+  bool upper_bound = false;          // the policy decides from the data)
+  std::string text;                  // the schedule in words
+  std::string unit = "model calls";  // what the fraction counts
+};
+
 class Policy : public BlockHooks, public StepHooks {
  public:
   // Called by the pipeline before every model call (and step-level decision).
@@ -66,6 +75,13 @@ class Policy : public BlockHooks, public StepHooks {
   // The same measurements as numbers (TeaCache's calibration pairs, MagCache's ratios), for a
   // tool that fits them (flowkv calibrate).
   virtual std::vector<StepCacheSeries> measured() const { return {}; }
+  // What the policy will skip over `steps` steps with `branches` model calls each, where that
+  // follows from its knobs alone (a schedule, a bound): flowkv predict prints it. nullopt:
+  // decided from the model's activations at run time, so only a run measures it.
+  virtual std::optional<ExpectedWork> expected(int steps, int branches) const {
+    (void)steps, (void)branches;
+    return std::nullopt;
+  }
   const PolicyStats& stats() const { return stats_; }
   const StepContext& step() const { return ctx_; }
 

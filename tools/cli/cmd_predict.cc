@@ -8,6 +8,7 @@
 #include "flowkv/limits.h"
 #include "flowkv/model.h"
 #include "flowkv/predict.h"
+#include "flowkv/step_cache.h"
 #include "measure.h"
 
 namespace flowkv::cli {
@@ -16,6 +17,22 @@ namespace {
 std::pair<int64_t, int64_t> parse_size(const std::string& s, const char* what) {
   return parse_dims(s, what, "1024x704 (width x height in pixels)", limits::kMaxImageSide,
                     limits::kMaxImageSide * limits::kMaxImageSide);
+}
+// The step caches' expected work over the run (flowkv/step_cache.h), after the exact cache's.
+void print_step_caches(const std::vector<std::string>& specs, int steps, int branches) {
+  if (specs.empty()) return;
+  std::cout << "\nstep caches over " << steps << " steps"
+            << (branches > 1 ? " (2 model calls a step)" : "") << ":\n";
+  for (const StepCacheExpectation& e : expected_step_cache_work(specs, steps, branches)) {
+    std::cout << "  " << e.spec << ": " << e.text;
+    if (e.known) {
+      char pct[32];
+      std::snprintf(pct, sizeof pct, "%.0f%%", 100 * e.skipped_fraction);
+      std::cout << " -> " << (e.upper_bound ? "at most " : "") << pct << " of the " << e.unit
+                << " skipped";
+    }
+    std::cout << "\n";
+  }
 }
 }  // namespace
 
@@ -45,6 +62,7 @@ void add_predict(CLI::App& app) {
     std::vector<std::string> images;
     float cfg_scale = 1.0f;
     int64_t resolution = 0;
+    std::vector<std::string> caches;  // step caches whose expected work is printed
   };
   auto* o = new Opts;
   cmd->add_option(
@@ -81,6 +99,9 @@ void add_predict(CLI::App& app) {
   cmd->add_option("--cfg-scale", o->cfg_scale, "with -p: the guidance scale (CFG above 1)");
   cmd->add_option("--resolution", o->resolution,
                   "with -p: Qwen-Image-2.1's condition-image resolution (default 1024)");
+  cmd->add_option("--cache", o->caches,
+                  "a step cache (name[:k=v,...], repeatable): what its knobs alone say it skips "
+                  "over --steps (a schedule, or a bound for one that decides from the data)");
   cmd->callback([o, size_opt] {
     std::exit(guarded([&] {
       PredictRequest r;
@@ -134,9 +155,11 @@ void add_predict(CLI::App& app) {
       if (family.exact_cache.empty()) {  // nothing to predict: say why
         std::cout << "model:      " << p.model << "\n"
                   << rules << "No exact conditioning cache exists for this model.\n";
+        print_step_caches(o->caches, r.steps, p.branches);
         return 0;
       }
       std::cout << format_prediction(p) << rules;
+      print_step_caches(o->caches, r.steps, p.branches);
       return 0;
     }));
   });

@@ -145,6 +145,21 @@ class MeanCache final : public Policy {
   std::string report() const override { return report_; }
   std::vector<StepCacheSeries> measured() const override { return measured_; }
 
+  // The schedule is fixed by the knobs: the skipped steps' every model call is saved.
+  std::optional<ExpectedWork> expected(int steps, int branches) const override {
+    if (calibrate_)
+      return ExpectedWork{0, false, "calibration: every step computes", "model calls"};
+    MeanCache plan = *this;  // resolving a run's plan touches only the plan
+    plan.resolve(steps);
+    const std::vector<int> c = plan.computed_steps();
+    const int skipped = steps - static_cast<int>(c.size());
+    return ExpectedWork{static_cast<double>(skipped) / steps, false,
+                        "computes steps " + joined(c) + " (" + std::to_string(c.size()) + " of " +
+                            std::to_string(steps) + "): " + std::to_string(skipped * branches) +
+                            " model calls skipped, their velocity averaged over the interval",
+                        "model calls"};
+  }
+
   bool run_step(const StepContext& ctx) override {
     if (ctx.step == 0 || ctx.num_steps != static_cast<int>(resolved_.size())) {
       resolve(ctx.num_steps);

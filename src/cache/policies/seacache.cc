@@ -14,6 +14,7 @@
 //
 // The latent is the scheduler's (StepContext::latents), per batch element one frame (C, 1, H, W)
 // as diffusers' raw_vision_callback gives it; the distance is the mean over batch elements.
+#include <algorithm>
 #include <cmath>
 #include <deque>
 #include <limits>
@@ -40,6 +41,21 @@ class SeaCache final : public Policy {
     FLOWKV_CHECK(power_ > 0, "cache option power_exp=", power_,
                  " must be positive (the exponent of SeaCache's clean-signal prior)");
   }
+  // Decided from the latent at run time; the knobs bound it: only the steps between the first
+  // retention_steps and the last cache_end_steps may skip, at most max_consecutive_cached in a
+  // row (each run of skips ends in a computed call).
+  std::optional<ExpectedWork> expected(int steps, int branches) const override {
+    const int64_t gated = std::max<int64_t>(0, steps - retention_ - cache_end_);
+    const int64_t most = max_consecutive_ <= 0 ? gated : gated - gated / (max_consecutive_ + 1);
+    return ExpectedWork{static_cast<double>(most) / steps, true,
+                        "decides from the SEA-filtered latent: at most " + std::to_string(most) +
+                            " of " + std::to_string(steps) + " steps skip (" +
+                            std::to_string(most * branches) +
+                            " model calls), none while the latent changes by more than "
+                            "threshold between steps (at few steps, often none)",
+                        "model calls"};
+  }
+
   std::string name() const override { return "seacache"; }
   std::string describe() const override {
     return "seacache threshold=" + std::to_string(threshold_) +

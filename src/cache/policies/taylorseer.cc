@@ -120,6 +120,27 @@ class TaylorSeer final : public Policy {
            " reused the newest output (degenerate fit or non-finite forecast)\n";
   }
 
+  // The schedule is fixed by the knobs (per block, one attention per model call): how many of
+  // the attention sublayers are forecast. Attention is part of each block's work, so the share
+  // of the transformer's FLOPs saved is below this fraction.
+  std::optional<ExpectedWork> expected(int steps, int branches) const override {
+    int computed = 0;
+    for (int64_t s = 0; s < steps; ++s) {  // the calls counted from 0, as reuse() counts
+      computed +=
+          s < before_ || py_mod(s - before_ - 1, interval_) == 0 || (after_ >= 0 && s >= after_);
+    }
+    const int forecast = steps - computed;
+    return ExpectedWork{
+        static_cast<double>(forecast) / steps, true,
+        "computes each block's attention on " + std::to_string(computed) + " of " +
+            std::to_string(steps) + " calls per branch and forecasts " + std::to_string(forecast) +
+            (dmd_ ? " (DMD once its window holds 4 evenly spaced outputs, Taylor before)"
+                  : " (Taylor series)") +
+            "; " + std::to_string(forecast * branches) +
+            " attention calls per block saved (the MLPs still run)",
+        "blocks' attention sublayers"};
+  }
+
   void begin(const Streams&, Mat) override { first_ = true; }
 
   bool reuse(int block, Sublayer which) override {
