@@ -243,23 +243,28 @@ def test_slow_body(s):
 
 # ---- pipelining --------------------------------------------------------------------------------
 
-def test_pipelined_requests(a):
-    """100 requests written at once on one connection: 100 answers, in order."""
-    n = 100
-    sock = socket.create_connection(("127.0.0.1", a.port), timeout=20)
+def pipelined(port, requests, timeout):
+    """Writes `requests` at once on one connection; every byte answered until the server closes."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
     try:
-        reqs = b"".join(b"GET /health HTTP/1.1\r\nHost: x\r\nX-N: %d\r\n\r\n" % i
-                        for i in range(n - 1))
-        reqs += b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-        sock.sendall(reqs)
+        sock.sendall(requests)
         out = b""
         while True:
             b = sock.recv(1 << 16)
             if not b:
-                break
+                return out
             out += b
     finally:
         sock.close()
+
+
+def test_pipelined_requests(a):
+    """100 requests written at once on one connection: 100 answers, in order."""
+    n = 100
+    reqs = b"".join(b"GET /health HTTP/1.1\r\nHost: x\r\nX-N: %d\r\n\r\n" % i
+                    for i in range(n - 1))
+    reqs += b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    out = pipelined(a.port, reqs, 20)
     answers = re.findall(rb"HTTP/1\.1 (\d+)", out)
     assert len(answers) == n and all(x == b"200" for x in answers), (len(answers), out[-300:])
     assert b'"object":"list"' in out.rsplit(b"HTTP/1.1", 1)[1]
@@ -267,17 +272,8 @@ def test_pipelined_requests(a):
     body = json.dumps({"prompt": PROMPT, "size": "64x64", "steps": 1, "seed": 3}).encode()
     post = (b"POST /v1/images/generations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
             b"\r\nContent-Length: %d\r\n\r\n" % len(body)) + body
-    sock = socket.create_connection(("127.0.0.1", a.port), timeout=60)
-    try:
-        sock.sendall(post * 2 + b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        out = b""
-        while True:
-            b = sock.recv(1 << 16)
-            if not b:
-                break
-            out += b
-    finally:
-        sock.close()
+    out = pipelined(a.port, post * 2 + b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close"
+                    b"\r\n\r\n", 60)
     answers = re.findall(rb"HTTP/1\.1 (\d+)", out)
     assert answers == [b"200", b"200", b"200"], answers
 
