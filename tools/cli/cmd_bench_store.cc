@@ -12,6 +12,7 @@
 #include "commands.h"
 #include "flowkv/error.h"
 #include "flowkv/generate.h"
+#include "flowkv/limits.h"
 #include "flowkv/predict.h"
 #include "flowkv/store.h"
 #include "measure.h"
@@ -181,7 +182,8 @@ void add_bench_store(CLI::App& app) {
   cmd->add_option("--budget-sets", o->budget_sets, "B: the store's RAM in reference sets")
       ->capture_default_str()
       ->check(CLI::Range(0, 1000));
-  cmd->add_option("--steps", o->steps, "denoising steps (default: the model's)");
+  cmd->add_option("--steps", o->steps, "denoising steps (default: the model's)")
+      ->check(CLI::Range(1, static_cast<int>(limits::kMaxSteps)));
   cmd->add_option("--size", o->size, "output WIDTHxHEIGHT (default: the reference's)");
   cmd->add_option("--seed", o->seed, "workload and noise seed")->capture_default_str();
   cmd->callback([o] { std::exit(guarded([&] { return run(*o); })); });
