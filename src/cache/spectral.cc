@@ -99,10 +99,11 @@ bool normalises(double mean) {
   return std::isfinite(mean) && mean > 0;
 }
 
-// The circulant matrix [n][n] of one axis' gain: M[i][j] = (1/n) sum_k g_k cos(2 pi k (i-j) / n).
-std::vector<double> circulant(const std::vector<float>& g) {
+// The circulant matrix [n][n] of one axis' gain: M[i][j] = (1/n) sum_k g_k cos(2 pi k (i-j) / n),
+// into m (kernel: scratch).
+void circulant(const std::vector<float>& g, std::vector<double>& kernel, std::vector<double>& m) {
   const int64_t n = static_cast<int64_t>(g.size());
-  std::vector<double> kernel(static_cast<size_t>(n), 0.0);
+  kernel.assign(static_cast<size_t>(n), 0.0);
   for (int64_t d = 0; d < n; ++d) {
     double acc = 0;
     for (int64_t k = 0; k < n; ++k) {
@@ -111,29 +112,33 @@ std::vector<double> circulant(const std::vector<float>& g) {
     }
     kernel[static_cast<size_t>(d)] = acc / static_cast<double>(n);
   }
-  std::vector<double> m(static_cast<size_t>(n * n));
+  m.resize(static_cast<size_t>(n * n));
   for (int64_t i = 0; i < n; ++i)
     for (int64_t j = 0; j < n; ++j)
       m[static_cast<size_t>(i * n + j)] = kernel[static_cast<size_t>(((i - j) % n + n) % n)];
-  return m;
 }
 
 }  // namespace
 
 std::vector<float> sea_axis_gain(int64_t n, double sigma, double power) {
+  std::vector<float> g;
+  sea_axis_gain(n, sigma, power, g);
+  return g;
+}
+
+void sea_axis_gain(int64_t n, double sigma, double power, std::vector<float>& g) {
   sigma = std::max(1e-6, std::min(1.0 - 1e-6, sigma));
   const float a = static_cast<float>(1.0 - sigma),
               a2 = static_cast<float>((1.0 - sigma) * (1.0 - sigma)),
               b2 = static_cast<float>(sigma * sigma), p = static_cast<float>(power);
   const float step = static_cast<float>(1.0 / static_cast<double>(n));  // fftfreq: k * (1 / n)
-  std::vector<float> g(static_cast<size_t>(n));
+  g.resize(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
     const int64_t k = i < (n + 1) / 2 ? i : i - n;
     const float f = std::fabs(static_cast<float>(k) * step);
     const float s = 1.0f / (std::pow(f, p) + 1e-16f);
     g[static_cast<size_t>(i)] = a * s / (a2 * s + b2 + 1e-16f);
   }
-  return g;
 }
 
 void sea_filter_reference(const float* x, int64_t h, int64_t w, int64_t channels, double sigma,
@@ -153,14 +158,34 @@ void sea_filter_reference(const float* x, int64_t h, int64_t w, int64_t channels
 
 void sea_filter(const float* x, int64_t h, int64_t w, int64_t channels, double sigma, double power,
                 float* out) {
-  double mean = 0;
-  (void)sea_gain_grid(h, w, sigma, power, &mean);
-  const double scale = sea_axis_gain(1, sigma, power)[0] / (normalises(mean) ? mean : 1.0);
-  const std::vector<double> mh = circulant(sea_axis_gain(h, sigma, power)),
-                            mw = circulant(sea_axis_gain(w, sigma, power));
+  SeaScratch scratch;
+  sea_filter(x, h, w, channels, sigma, power, out, scratch);
+}
+
+void sea_filter(const float* x, int64_t h, int64_t w, int64_t channels, double sigma, double power,
+                float* out, SeaScratch& sc) {
+  sea_axis_gain(1, sigma, power, sc.gt);
+  sea_axis_gain(h, sigma, power, sc.gh);
+  sea_axis_gain(w, sigma, power, sc.gw);
+  // The gain grid's mean (float32 products, frame axis first, summed in double), as
+  // sea_gain_grid computes it.
+  double sum = 0;
+  for (int64_t i = 0; i < h; ++i) {
+    for (int64_t j = 0; j < w; ++j) {
+      const float v = sc.gt[0] * sc.gh[static_cast<size_t>(i)] * sc.gw[static_cast<size_t>(j)];
+      sum += v;
+    }
+  }
+  const double mean = sum / static_cast<double>(h * w);
+  const double scale = sc.gt[0] / (normalises(mean) ? mean : 1.0);
+  circulant(sc.gh, sc.kernel, sc.mh);
+  circulant(sc.gw, sc.kernel, sc.mw);
+  const std::vector<double>& mh = sc.mh;
+  const std::vector<double>& mw = sc.mw;
   const int64_t C = channels;
   // Along columns: t[r, i, :] = sum_j mw[i][j] x[r, j, :].
-  std::vector<double> t(static_cast<size_t>(h * w * C), 0.0);
+  std::vector<double>& t = sc.t;
+  t.assign(static_cast<size_t>(h * w * C), 0.0);
   for (int64_t r = 0; r < h; ++r) {
     for (int64_t i = 0; i < w; ++i) {
       double* dst = &t[static_cast<size_t>((r * w + i) * C)];
@@ -172,7 +197,8 @@ void sea_filter(const float* x, int64_t h, int64_t w, int64_t channels, double s
     }
   }
   // Along rows: out[i, col, :] = scale * sum_r mh[i][r] t[r, col, :].
-  std::vector<double> acc(static_cast<size_t>(w * C));
+  std::vector<double>& acc = sc.acc;
+  acc.resize(static_cast<size_t>(w * C));
   for (int64_t i = 0; i < h; ++i) {
     std::fill(acc.begin(), acc.end(), 0.0);
     for (int64_t r = 0; r < h; ++r) {

@@ -32,6 +32,7 @@ std::vector<uint8_t> low_frequency_mask(int64_t h, int64_t w);
 // the spectrum; out is the real part of the inverse DFT. The gains are float32, as diffusers
 // computes them.
 std::vector<float> sea_axis_gain(int64_t n, double sigma, double power);
+void sea_axis_gain(int64_t n, double sigma, double power, std::vector<float>& g);  // into g
 // Reference: the gain grid applied to a full 2-D DFT of each channel.
 void sea_filter_reference(const float* x, int64_t h, int64_t w, int64_t channels, double sigma,
                           double power, float* out);
@@ -40,5 +41,13 @@ void sea_filter_reference(const float* x, int64_t h, int64_t w, int64_t channels
 // the product of the axes' gains (up to float32 rounding of that product). O(h w (h + w) C).
 void sea_filter(const float* x, int64_t h, int64_t w, int64_t channels, double sigma, double power,
                 float* out);
+// The buffers sea_filter works in, kept by its caller from call to call (sized on the first
+// call of a shape, no allocation after): one per policy, which filters every step.
+struct SeaScratch {
+  std::vector<float> gh, gw, gt;
+  std::vector<double> kernel, mh, mw, t, acc;
+};
+void sea_filter(const float* x, int64_t h, int64_t w, int64_t channels, double sigma, double power,
+                float* out, SeaScratch& scratch);
 
 }  // namespace flowkv::cache

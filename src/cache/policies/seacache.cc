@@ -133,7 +133,7 @@ class SeaCache final : public Policy {
     for (auto& v : out) v.resize(static_cast<size_t>(n));
     for (int64_t b = 0; b < l.batch; ++b)
       sea_filter(l.x + b * n, l.h, l.w, l.channels, ctx_.sigma, power_,
-                 out[static_cast<size_t>(b)].data());
+                 out[static_cast<size_t>(b)].data(), scratch_);
   }
 
   // mean over batch elements of mean |cur - prev| / (mean |prev| + 1e-16); infinite when the
@@ -228,6 +228,7 @@ class SeaCache final : public Policy {
   int64_t retention_, cache_end_, max_consecutive_;
   double power_;
   std::map<int, State> states_;
+  mutable SeaScratch scratch_;  // the SEA filter's buffers, reused every step
   // This call (begin to end; a call belongs to one branch).
   bool skipping_ = false, recording_ = true;
   int target_ = -1;
