@@ -21,6 +21,9 @@
 namespace flowkv {
 namespace {
 
+using test::klein_run;
+using test::same_bits;
+
 using cache::DmdOptions;
 using cd = std::complex<double>;
 
@@ -370,22 +373,6 @@ TEST(DmdGolden, PolicyOnTheTaylorSeerScheduleMatchesCacheDit) {
 
 // ---------------------------------------------------------------- inside the model
 
-std::vector<float> klein_run(const test::KleinFixture& f, KVMode mode, int steps,
-                             const std::vector<std::string>& caches,
-                             std::vector<StepCacheStats>* stats = nullptr) {
-  Arena arena;
-  test::LoopRequest r = f.request(mode, steps);
-  r.opts.step_caches = caches;
-  auto res = test::run(arena, f.model, r);
-  if (stats) *stats = res.step_caches;
-  return res.latents;
-}
-
-bool same(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() &&
-         test::bit_equal(a.data(), b.data(), static_cast<int64_t>(a.size()));
-}
-
 // Forecasts replace the text and target streams' attention outputs only: the references' K/V
 // stay exact, so the cache with the policy equals the policy alone, bit for bit.
 TEST(DmdInModels, ComposesWithTheKleinReferenceCache) {
@@ -393,7 +380,7 @@ TEST(DmdInModels, ComposesWithTheKleinReferenceCache) {
   const std::string spec = "taylorseer:forecaster=dmd,interval=2,before=1";
   std::vector<StepCacheStats> st;
   const auto cached = klein_run(f, KVMode::kCached, 12, {spec}, &st);
-  EXPECT_TRUE(same(cached, klein_run(f, KVMode::kRecompute, 12, {spec})));
+  EXPECT_TRUE(same_bits(cached, klein_run(f, KVMode::kRecompute, 12, {spec})));
   ASSERT_EQ(st.size(), 1u);
   EXPECT_EQ(st[0].decisions, "CpCpCpCpCpCp");
   EXPECT_NE(st[0].settings.find("forecaster=dmd dmd_history=6 dmd_rank=0 dmd_ridge=1e-08"),
@@ -404,9 +391,9 @@ TEST(DmdInModels, ComposesWithTheKleinReferenceCache) {
   // It forecasts differently from the Taylor series; forecaster=taylor is the default, bit for
   // bit.
   const auto taylor = klein_run(f, KVMode::kCached, 12, {"taylorseer:interval=2,before=1"});
-  EXPECT_FALSE(same(cached, taylor));
-  EXPECT_TRUE(same(taylor, klein_run(f, KVMode::kCached, 12,
-                                     {"taylorseer:interval=2,before=1,forecaster=taylor"})));
+  EXPECT_FALSE(same_bits(cached, taylor));
+  EXPECT_TRUE(same_bits(taylor, klein_run(f, KVMode::kCached, 12,
+                                          {"taylorseer:interval=2,before=1,forecaster=taylor"})));
 }
 
 // ---------------------------------------------------------------- knobs

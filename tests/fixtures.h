@@ -19,6 +19,7 @@
 #include "models/qwen_image/builtin.h"
 #include "models/qwen_image/model21.h"
 #include "pipeline/denoise.h"
+#include "test_util.h"
 
 namespace flowkv::test {
 
@@ -161,5 +162,32 @@ struct Qwen21Fixture {
     return r;
   }
 };
+
+// The final latents of a run of a fixture with step caches `caches` (the policies' report into
+// `stats`), for the step-cache tests' bit-for-bit comparisons. Qwen-Image-2.1's CFG branches
+// run as separate calls, as they do whenever a policy is active.
+inline std::vector<float> klein_run(const KleinFixture& f, KVMode mode, int steps,
+                                    const std::vector<std::string>& caches,
+                                    std::vector<StepCacheStats>* stats = nullptr) {
+  Arena arena;
+  LoopRequest r = f.request(mode, steps);
+  r.opts.step_caches = caches;
+  auto res = run(arena, f.model, r);
+  if (stats) *stats = res.step_caches;
+  return res.latents;
+}
+inline std::vector<float> qwen21_run(const Qwen21Fixture& f, bool cache, bool cfg, int steps,
+                                     const std::vector<std::string>& caches,
+                                     std::vector<StepCacheStats>* stats = nullptr) {
+  Arena arena;
+  LoopRequest r = f.request(cache, cfg, steps, /*batch_cfg=*/false);
+  r.opts.step_caches = caches;
+  auto res = run(arena, f.model, r);
+  if (stats) *stats = res.step_caches;
+  return res.latents;
+}
+inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && bit_equal(a.data(), b.data(), static_cast<int64_t>(a.size()));
+}
 
 }  // namespace flowkv::test

@@ -27,6 +27,10 @@
 namespace flowkv {
 namespace {
 
+using test::klein_run;
+using test::qwen21_run;
+using test::same_bits;
+
 using cache::Composite;
 using cache::StepContext;
 using Json = nlohmann::json;
@@ -198,47 +202,20 @@ TEST(MeanCacheReference, SpanOneIsTheLastVelocityAndJvpOffReusesIt) {
 
 // ---------------------------------------------------------------- inside the models
 
-std::vector<float> klein_run(const test::KleinFixture& f, KVMode mode, int steps,
-                             const std::vector<std::string>& caches,
-                             std::vector<StepCacheStats>* stats = nullptr) {
-  Arena arena;
-  test::LoopRequest r = f.request(mode, steps);
-  r.opts.step_caches = caches;
-  auto res = test::run(arena, f.model, r);
-  if (stats) *stats = res.step_caches;
-  return res.latents;
-}
-
-std::vector<float> qwen_run(const test::Qwen21Fixture& f, bool cache, int steps,
-                            const std::vector<std::string>& caches,
-                            std::vector<StepCacheStats>* stats = nullptr) {
-  Arena arena;
-  test::LoopRequest r = f.request(cache, /*use_cfg=*/true, steps, /*batch_cfg=*/false);
-  r.opts.step_caches = caches;
-  auto res = test::run(arena, f.model, r);
-  if (stats) *stats = res.step_caches;
-  return res.latents;
-}
-
-bool same(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() &&
-         test::bit_equal(a.data(), b.data(), static_cast<int64_t>(a.size()));
-}
-
 TEST(MeanCacheInModels, EveryStepComputedIsBitIdenticalToNoPolicy) {
   const test::KleinFixture k(DType::kF32);
   const auto plain = klein_run(k, KVMode::kCached, 6, {});
   for (const char* spec : {"meancache:budget=6", "meancache:budget=100",
                            "meancache:schedule=0/1/2/3/4/5", "meancache:calibrate=1"}) {
     std::vector<StepCacheStats> st;
-    EXPECT_TRUE(same(plain, klein_run(k, KVMode::kCached, 6, {spec}, &st))) << spec;
+    EXPECT_TRUE(same_bits(plain, klein_run(k, KVMode::kCached, 6, {spec}, &st))) << spec;
     EXPECT_EQ(st.at(0).decisions, "CCCCCC") << spec;
     EXPECT_EQ(st[0].calls_skipped, 0) << spec;
   }
   const test::Qwen21Fixture q(DType::kF32, 2);
-  const auto qplain = qwen_run(q, true, 5, {});
-  EXPECT_TRUE(same(qplain, qwen_run(q, true, 5, {"meancache:budget=5"})));
-  EXPECT_TRUE(same(qplain, qwen_run(q, true, 5, {"meancache:calibrate=1"})));
+  const auto qplain = qwen21_run(q, true, true, 5, {});
+  EXPECT_TRUE(same_bits(qplain, qwen21_run(q, true, true, 5, {"meancache:budget=5"})));
+  EXPECT_TRUE(same_bits(qplain, qwen21_run(q, true, true, 5, {"meancache:calibrate=1"})));
 }
 
 // Skipped steps run no model call and leave the memories alone: cached + policy equals
@@ -249,22 +226,23 @@ TEST(MeanCacheInModels, ComposesWithTheExactCachesBitForBit) {
                            "meancache:budget=4,jvp=0"}) {
     std::vector<StepCacheStats> st;
     const auto cached = klein_run(k, KVMode::kCached, 8, {spec}, &st);
-    EXPECT_TRUE(same(cached, klein_run(k, KVMode::kRecompute, 8, {spec}))) << spec;
+    EXPECT_TRUE(same_bits(cached, klein_run(k, KVMode::kRecompute, 8, {spec}))) << spec;
     EXPECT_GT(st.at(0).calls_skipped, 0) << spec;
-    EXPECT_FALSE(same(cached, klein_run(k, KVMode::kCached, 8, {}))) << spec;
+    EXPECT_FALSE(same_bits(cached, klein_run(k, KVMode::kCached, 8, {}))) << spec;
   }
   const test::Qwen21Fixture q(DType::kF32, 2);
   std::vector<StepCacheStats> st;
-  const auto cached = qwen_run(q, true, 8, {"meancache:budget=3"}, &st);
-  EXPECT_TRUE(same(cached, qwen_run(q, false, 8, {"meancache:budget=3"})));
+  const auto cached = qwen21_run(q, true, true, 8, {"meancache:budget=3"}, &st);
+  EXPECT_TRUE(same_bits(cached, qwen21_run(q, false, true, 8, {"meancache:budget=3"})));
   // 8 steps, budget 3: steps 0, 4 (3.5 rounded up) and 7; both branches of a skipped step.
   EXPECT_EQ(st.at(0).decisions, "CsssCssC");
   EXPECT_EQ(st[0].calls_skipped, 2 * 5);
   EXPECT_EQ(st[0].calls_full, 2 * 3);
   // With another policy: a skipped step is skipped for it too.
   std::vector<StepCacheStats> two;
-  const auto both = qwen_run(q, true, 8, {"meancache:budget=3", "fora:interval=2"}, &two);
-  EXPECT_TRUE(same(both, qwen_run(q, false, 8, {"meancache:budget=3", "fora:interval=2"})));
+  const auto both = qwen21_run(q, true, true, 8, {"meancache:budget=3", "fora:interval=2"}, &two);
+  EXPECT_TRUE(
+      same_bits(both, qwen21_run(q, false, true, 8, {"meancache:budget=3", "fora:interval=2"})));
   EXPECT_EQ(two.at(1).decisions.size(), 2u * 3);  // fora saw only the computed steps' calls
 }
 
@@ -359,7 +337,7 @@ TEST(MeanCacheCalibration, MeasuresEveryIntervalAndItsScheduleRuns) {
   EXPECT_EQ(sched.compute.front(), 0);
   EXPECT_EQ(sched.compute.back(), kSteps - 1);
   std::vector<StepCacheStats> st;
-  qwen_run(q, true, kSteps, {sched.spec()}, &st);
+  qwen21_run(q, true, true, kSteps, {sched.spec()}, &st);
   std::string want(kSteps, 's');
   for (int k : sched.compute) want[static_cast<size_t>(k)] = 'C';
   EXPECT_EQ(st.at(0).decisions, want) << sched.spec();

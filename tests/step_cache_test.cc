@@ -26,6 +26,10 @@
 namespace flowkv {
 namespace {
 
+using test::klein_run;
+using test::qwen21_run;
+using test::same_bits;
+
 using cache::BlockAction;
 using cache::Composite;
 using cache::StepContext;
@@ -596,22 +600,6 @@ struct DeepTinyKlein : test::KleinFixture {
   int blocks() const { return cfg.num_layers + cfg.num_single_layers; }
 };
 
-std::vector<float> klein_run(const test::KleinFixture& f, KVMode mode, int steps,
-                             const std::vector<std::string>& caches,
-                             std::vector<StepCacheStats>* stats = nullptr) {
-  Arena arena;
-  test::LoopRequest r = f.request(mode, steps);
-  r.opts.step_caches = caches;
-  auto res = test::run(arena, f.model, r);
-  if (stats) *stats = res.step_caches;
-  return res.latents;
-}
-
-bool same(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() &&
-         test::bit_equal(a.data(), b.data(), static_cast<int64_t>(a.size()));
-}
-
 const std::vector<std::string> kNeverFiring = {
     "fbcache:threshold=0",   "dbcache:fn=1,threshold=0,warmup=0",
     "teacache:threshold=0",  "magcache:ratios=flux1,max_skip=0",
@@ -625,7 +613,7 @@ TEST(StepCacheInModels, PoliciesThatNeverFireAreBitIdenticalToNoPolicy) {
   const auto plain = klein_run(f, KVMode::kCached, 5, {});
   for (const std::string& spec : kNeverFiring) {
     std::vector<StepCacheStats> st;
-    EXPECT_TRUE(same(plain, klein_run(f, KVMode::kCached, 5, {spec}, &st))) << spec;
+    EXPECT_TRUE(same_bits(plain, klein_run(f, KVMode::kCached, 5, {spec}, &st))) << spec;
     ASSERT_EQ(st.size(), 1u);
     EXPECT_EQ(st[0].blocks_skipped + st[0].sublayers_reused, 0) << spec;
   }
@@ -643,15 +631,15 @@ TEST(StepCacheInModels, EveryPolicyComposesWithTheKleinReferenceCache) {
     std::vector<StepCacheStats> st;
     const auto cached = klein_run(f, KVMode::kCached, 8, {s}, &st);
     const auto recompute = klein_run(f, KVMode::kRecompute, 8, {s});
-    EXPECT_TRUE(same(cached, recompute)) << s;
+    EXPECT_TRUE(same_bits(cached, recompute)) << s;
     EXPECT_GT(st[0].blocks_skipped + st[0].sublayers_reused, 0) << s << ": " << st[0].decisions;
   }
   // Two policies at once, with the exact cache.
   std::vector<StepCacheStats> st;
   const auto both = klein_run(f, KVMode::kCached, 8,
                               {"taylorseer:interval=2,before=1", "pab:lo=-1,hi=2000"}, &st);
-  EXPECT_TRUE(same(both, klein_run(f, KVMode::kRecompute, 8,
-                                   {"taylorseer:interval=2,before=1", "pab:lo=-1,hi=2000"})));
+  EXPECT_TRUE(same_bits(both, klein_run(f, KVMode::kRecompute, 8,
+                                        {"taylorseer:interval=2,before=1", "pab:lo=-1,hi=2000"})));
   ASSERT_EQ(st.size(), 2u);
 }
 
@@ -667,18 +655,6 @@ TEST(StepCacheInModels, TextKvApproximationComposesWithAStepCache) {
   EXPECT_EQ(st.at(0).decisions, "CrC");
 }
 
-std::vector<float> qwen_run(const test::Qwen21Fixture& f, bool cache, bool cfg, int steps,
-                            const std::vector<std::string>& caches,
-                            std::vector<StepCacheStats>* stats = nullptr) {
-  Arena arena;
-  // Branches as separate calls, as they run whenever a policy is active.
-  test::LoopRequest r = f.request(cache, cfg, steps, /*batch_cfg=*/false);
-  r.opts.step_caches = caches;
-  auto res = test::run(arena, f.model, r);
-  if (stats) *stats = res.step_caches;
-  return res.latents;
-}
-
 TEST(StepCacheInModels, EveryPolicyComposesWithTheQwen21PrefixCache) {
   const test::Qwen21Fixture f(DType::kF32, 2);
   std::vector<std::string> specs = kModelFiring;
@@ -686,15 +662,15 @@ TEST(StepCacheInModels, EveryPolicyComposesWithTheQwen21PrefixCache) {
   expect_every_policy(specs);
   for (const std::string& s : specs) {
     std::vector<StepCacheStats> st;
-    const auto cached = qwen_run(f, true, true, 8, {s}, &st);
-    const auto uncached = qwen_run(f, false, true, 8, {s});
-    EXPECT_TRUE(same(cached, uncached)) << s;
+    const auto cached = qwen21_run(f, true, true, 8, {s}, &st);
+    const auto uncached = qwen21_run(f, false, true, 8, {s});
+    EXPECT_TRUE(same_bits(cached, uncached)) << s;
     EXPECT_GT(st[0].blocks_skipped + st[0].sublayers_reused + st[0].branches_skipped, 0)
         << s << ": " << st[0].decisions;
   }
-  const auto plain = qwen_run(f, true, true, 4, {});  // the same for every spec: run once
+  const auto plain = qwen21_run(f, true, true, 4, {});  // the same for every spec: run once
   for (const std::string& spec : kNeverFiring) {
-    EXPECT_TRUE(same(plain, qwen_run(f, true, true, 4, {spec}))) << spec;
+    EXPECT_TRUE(same_bits(plain, qwen21_run(f, true, true, 4, {spec}))) << spec;
   }
 }
 
@@ -712,7 +688,7 @@ TEST(StepCacheInModels, DecisionsFollowTheScheduleInsideBothModels) {
   EXPECT_EQ(st[2].decisions, "CCrCrCrC");
 
   const test::Qwen21Fixture q(DType::kF32, 1);
-  qwen_run(q, true, true, 8, {"taylorseer", "pab:lo=-1,hi=2000", "fora:interval=2"}, &st);
+  qwen21_run(q, true, true, 8, {"taylorseer", "pab:lo=-1,hi=2000", "fora:interval=2"}, &st);
   ASSERT_EQ(st.size(), 3u);
   EXPECT_EQ(st[0].decisions, "CCCCCCppCCpppppp");  // cond, uncond per step
   EXPECT_EQ(st[0].sublayers_reused, 2 * 4 * q.cfg.num_layers);
@@ -735,7 +711,7 @@ TEST(StepCacheInModels, CalibrationNeverSkipsAndMeasuresEveryBranch) {
     outputs[1].emplace_back(uncond, uncond + n);
   };
   const auto res = test::run(arena, f.model, r);
-  EXPECT_TRUE(same(qwen_run(f, true, true, kSteps, {}), res.latents));
+  EXPECT_TRUE(same_bits(qwen21_run(f, true, true, kSteps, {}), res.latents));
   const std::vector<StepCacheStats>& st = res.step_caches;
   ASSERT_EQ(st.size(), 2u);
   std::map<std::string, int> seen;
@@ -774,7 +750,7 @@ TEST(StepCacheIsolation, RequestsNeverShareState) {
   for (const std::string& spec : kFiring) {
     const auto a = klein_run(f, KVMode::kCached, 6, {spec});
     klein_run(g, KVMode::kCached, 6, {spec});
-    EXPECT_TRUE(same(a, klein_run(f, KVMode::kCached, 6, {spec}))) << spec;
+    EXPECT_TRUE(same_bits(a, klein_run(f, KVMode::kCached, 6, {spec}))) << spec;
   }
 }
 
