@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/exec_context.h"
+#include "flowkv/generate.h"
 #include "io/json.h"
 #include "io/safetensors.h"
 #include "test_util.h"
@@ -18,6 +19,26 @@ namespace flowkv::test {
 
 inline std::string golden(const std::string& rel) {
   return std::string(FLOWKV_GOLDEN_DIR) + "/" + rel;
+}
+
+// A generate() request as the python/ref pipeline dumpers record it in their meta.json: the
+// prompt, reference files (under tests/golden), steps, seed, and where given the size and the
+// negative prompt with its CFG scale and output resolution.
+inline GenerateRequest golden_request(const Json& q) {
+  GenerateRequest r;
+  r.prompt = q["prompt"].get<std::string>();
+  for (const Json& ref : q["references"]) r.references.push_back(golden(ref.get<std::string>()));
+  r.steps = q["steps"].get<int>();
+  r.seed = q["seed"].get<uint64_t>();
+  if (q.contains("width"))
+    r.width = q["width"].get<int64_t>(), r.height = q["height"].get<int64_t>();
+  if (q.contains("negative_prompt")) {
+    r.negative_prompt = q["negative_prompt"].get<std::string>();
+    r.has_negative_prompt = true;
+    r.cfg_scale = q["true_cfg_scale"].get<float>();
+    r.resolution = q["output_resolution"].get<int64_t>();
+  }
+  return r;
 }
 
 // All tensors of a safetensors file as f32 copies.

@@ -76,19 +76,7 @@ TEST(SeaCacheFilter, SeparablePathEqualsTheDftReference) {
 class SeaCacheTrace : public ::testing::TestWithParam<std::string> {};
 
 GenerateRequest request_of(const Json& q, const std::string& cache) {
-  GenerateRequest r;
-  r.prompt = q["prompt"].get<std::string>();
-  for (const Json& ref : q["references"]) r.references.push_back(golden(ref.get<std::string>()));
-  r.steps = q["steps"].get<int>();
-  r.seed = q["seed"].get<uint64_t>();
-  if (q.contains("width"))
-    r.width = q["width"].get<int64_t>(), r.height = q["height"].get<int64_t>();
-  if (q.contains("negative_prompt")) {
-    r.negative_prompt = q["negative_prompt"].get<std::string>();
-    r.has_negative_prompt = true;
-    r.cfg_scale = q["true_cfg_scale"].get<float>();
-    r.resolution = q["output_resolution"].get<int64_t>();
-  }
+  GenerateRequest r = test::golden_request(q);
   r.step_caches = {cache};
   return r;
 }
