@@ -200,8 +200,17 @@ class MeanCache final : public Policy {
                     int64_t count) override {
     if (!history_.empty() && static_cast<int64_t>(history_.back().v.size()) != count)
       history_.clear();
-    history_.push_back(
-        {ctx.step, ctx.sigma, ctx.sigma_next, {latents, latents + count}, {v, v + count}});
+    // The oldest entry the window would drop after this one is recycled: its buffers take this
+    // step's latents and velocity without a new allocation.
+    Seen seen;
+    if (!calibrate_ && !history_.empty() && static_cast<int>(history_.size()) >= keep_) {
+      seen = std::move(history_.front());
+      history_.pop_front();
+    }
+    seen.step = ctx.step, seen.sigma = ctx.sigma, seen.sigma_next = ctx.sigma_next;
+    seen.x.assign(latents, latents + count);
+    seen.v.assign(v, v + count);
+    history_.push_back(std::move(seen));
     if (calibrate_) {
       if (ctx.step == ctx.num_steps - 1 && static_cast<int>(history_.size()) == ctx.num_steps)
         measure_costs();
