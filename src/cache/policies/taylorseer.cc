@@ -217,6 +217,7 @@ class TaylorSeer final : public Policy {
 
   void add_snapshot(DmdStream& st, int64_t call, const StreamCopy& y) const {
     if (!st.snaps.empty() && !same_shape(st.snaps.back(), y)) st = DmdStream{};  // a new shape
+    StreamCopy recycled;
     if (st.snaps.size() == static_cast<size_t>(history_)) {  // the oldest leaves the window
       const size_t n = st.snaps.size();
       for (std::vector<double>& g : st.gram) {
@@ -225,10 +226,12 @@ class TaylorSeer final : public Policy {
         g = std::move(kept);
       }
       st.calls.erase(st.calls.begin());
+      recycled = std::move(st.snaps.front());  // its buffer takes the new output below
       st.snaps.erase(st.snaps.begin());
     }
     st.calls.push_back(call);
-    st.snaps.push_back(y);
+    recycled = y;  // copy-assignment keeps the recycled buffer's capacity
+    st.snaps.push_back(std::move(recycled));
     const size_t n = st.snaps.size();
     const int64_t item = y.seq * y.cols;
     st.gram.resize(static_cast<size_t>(y.batch));
