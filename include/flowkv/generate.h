@@ -26,13 +26,14 @@ struct InputImage {
 
 struct GenerateRequest {
   std::string prompt;
-  // Classifier-free guidance, where the family runs it (Qwen-Image-2.1): a second branch on
-  // the negative prompt, mixed as negative + cfg_scale * (positive - negative). On when
-  // cfg_scale > 1 and a negative prompt is given (diffusers' true_cfg_scale; the pipeline
-  // default 1 is off). A family without it refuses cfg_scale > 1.
+  // Classifier-free guidance, where the family runs it (Qwen-Image, Qwen-Image-2.1): a second
+  // branch on the negative prompt, mixed as negative + cfg_scale * (positive - negative)
+  // (Qwen-Image then rescales it to the positive branch's norm per token). On when cfg_scale > 1
+  // and a negative prompt is given (diffusers' true_cfg_scale). 0: the pipeline class's default
+  // (Qwen-Image 4, Qwen-Image-2.1 1: off). A family without it refuses cfg_scale > 1.
   std::string negative_prompt;
   bool has_negative_prompt = false;  // "" is a valid negative prompt
-  float cfg_scale = 1.0f;
+  float cfg_scale = 0.0f;
   // Conditioning images (PNG, JPEG), in order: FLUX.2 Klein's references, Qwen-Image-2.1's
   // condition images (which the prompt encoder sees too; their alpha is kept).
   std::vector<std::string> references;

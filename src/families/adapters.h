@@ -14,7 +14,8 @@ class Model;
 }
 namespace flowkv::qwen {
 class Model21;
-}
+class ModelQwenImage;
+}  // namespace flowkv::qwen
 
 namespace flowkv::families {
 
@@ -33,6 +34,9 @@ int flux2_pipeline_default_steps(const std::string& pipeline_class);
 std::unique_ptr<pipeline::DenoiseAdapter> flux2_adapter(
     const flux2::Model& m, const DenoiseInputs& in, const DenoiseOptions& opts,
     Flux2References refs = Flux2References::kKleinKV);
+std::unique_ptr<pipeline::DenoiseAdapter> qwen_image_adapter(const qwen::ModelQwenImage& m,
+                                                             const DenoiseInputs& in,
+                                                             const DenoiseOptions& opts);
 std::unique_ptr<pipeline::DenoiseAdapter> qwen21_adapter(const qwen::Model21& m,
                                                          const DenoiseInputs& in,
                                                          const DenoiseOptions& opts);

@@ -38,6 +38,7 @@ struct Config;
 }  // namespace flowkv::flux2
 namespace flowkv::qwen {
 class Model21;
+class ModelQwenImage;
 struct Config21;
 }  // namespace flowkv::qwen
 
@@ -140,6 +141,9 @@ std::shared_ptr<const pipeline::GenerateSpec> klein_open_pipeline(const Pipeline
 int qwen21_pipeline_default_steps(const std::string& pipeline_class);
 std::shared_ptr<const pipeline::GenerateSpec> qwen21_open_pipeline(const PipelineFolder& p,
                                                                    const PipelineOptions& o);
+// Qwen-Image's pipelines, text to image and Edit-Plus (families/qwen_image/generate.cc).
+std::shared_ptr<const pipeline::GenerateSpec> qwen_image_open_pipeline(const PipelineFolder& p,
+                                                                       const PipelineOptions& o);
 // A released-shape Qwen-Image-2.1 pipeline of zero weights: the transformer, Qwen3-VL-8B, the
 // released VAE, the processor's preprocessor_config.json (copy a tokenizer.json in), scheduler.
 void qwen21_write_zero_pipeline(const qwen::Config21& transformer, DType dtype,
@@ -154,6 +158,7 @@ Family qwen21_family();
 // against (the families' models and their denoising adapters).
 cache::Topology flux2_topology(const flux2::Model& m);
 cache::Topology qwen21_topology(const qwen::Model21& m);
+cache::Topology qwen_image_topology(const qwen::ModelQwenImage& m);
 
 // FLUX.1's step-cache tables, published by the families that have none fitted yet (with
 // MeanCache's reference schedules, searched on other models, which a user names).

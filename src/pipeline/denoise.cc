@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 
 #include "flowkv/error.h"
 #include "flowkv/generate.h"
@@ -36,8 +37,11 @@ void finish_branches(StepCaches& sc, cache::StepContext ctx, DenoiseAdapter& a, 
   }
 }
 
-// v = v_uncond + s * (v_cond - v_uncond); without CFG, v = v_cond.
-void guide(const float* cond, const float* uncond, float scale, int64_t n, float* v) {
+// v = v_uncond + s * (v_cond - v_uncond); without CFG, v = v_cond. With `rescale` channels
+// (Qwen-Image's true CFG), each token's guided velocity is then scaled to the norm of its
+// conditional one: v *= |v_cond| / |v| over those channels.
+void guide(const float* cond, const float* uncond, float scale, int64_t n, int64_t rescale,
+           float* v) {
   for (int64_t i = 0; i < n; ++i) {
     if (!uncond) {
       v[i] = cond[i];
@@ -46,6 +50,16 @@ void guide(const float* cond, const float* uncond, float scale, int64_t n, float
     const float d = cond[i] - uncond[i];
     const float s = scale * d;
     v[i] = uncond[i] + s;
+  }
+  if (!uncond || rescale <= 0) return;
+  for (int64_t r = 0; r + rescale <= n; r += rescale) {
+    double nc = 0, nv = 0;
+    for (int64_t j = r; j < r + rescale; ++j) {
+      nc += static_cast<double>(cond[j]) * cond[j];
+      nv += static_cast<double>(v[j]) * v[j];
+    }
+    const float ratio = static_cast<float>(std::sqrt(nc)) / static_cast<float>(std::sqrt(nv));
+    for (int64_t j = r; j < r + rescale; ++j) v[j] *= ratio;
   }
 }
 
@@ -193,7 +207,7 @@ LoopResult run_denoise(const ExecContext& ctx, DenoiseAdapter& a, const LoopOpti
       if (branches == 2 && step_caches.active()) finish_branches(step_caches, sc, a, ran_uncond);
       cond = a.velocity(0);
       uncond = !res.cfg ? nullptr : res.batched_cfg ? cond + n : a.velocity(1);
-      guide(cond, uncond, a.cfg_scale(), n, v.data());
+      guide(cond, uncond, a.cfg_scale(), n, a.cfg_rescale() ? C : 0, v.data());
     } else {
       step_caches.policy().fill_velocity(sc, res.latents.data(), v.data(), n);
     }

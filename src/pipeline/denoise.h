@@ -62,6 +62,9 @@ class DenoiseAdapter {
   virtual bool cfg() const = 0;          // an unconditional branch is part of the request
   virtual bool batched_cfg() const = 0;  // after prepare: both branches in one forward
   virtual float cfg_scale() const = 0;
+  // Guidance rescales each token's guided velocity to the conditional one's norm (Qwen-Image's
+  // true CFG: comb * |cond| / |comb| over the latent channels).
+  virtual bool cfg_rescale() const { return false; }
   virtual int64_t kv_bytes() const = 0;  // after prepare: the memories' payload
   virtual bool approximate() const = 0;  // a named approximation is in use
   // Whether branch b's call at `step` stores an exact cache (hooks must not skip then).

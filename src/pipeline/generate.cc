@@ -134,6 +134,7 @@ Plan prepare(const GenerateSpec& spec, const GenerateRequest& request, int defau
     p.names.push_back(name);
   }
   p.steps = request.steps > 0 ? request.steps : default_steps;
+  if (p.request.cfg_scale == 0.0f) p.request.cfg_scale = spec.default_cfg_scale();
   spec.plan(p, std::move(decoded));
   FLOWKV_CHECK(p.steps >= 1, "steps: at least 1, got ", p.steps);
   return p;

@@ -112,6 +112,8 @@ class GenerateSpec {
   virtual std::string kv_name() const = 0;       // their K/V in notes: "prefix K/V"
   virtual PixelFormat pixel_format() const = 0;  // how input images are decoded
   virtual int default_steps() const = 0;         // the pipeline class's __call__ default
+  // The pipeline class's __call__ true_cfg_scale (a request's cfg_scale 0 takes it).
+  virtual float default_cfg_scale() const { return 1.0f; }
 
   // --- before any weight: the request checked, its images preprocessed, the layout.
   virtual void plan(Plan& p, std::vector<Image> decoded) const = 0;

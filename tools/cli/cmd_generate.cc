@@ -27,7 +27,7 @@ struct Opts {
   std::string prompts_file, store_ram = "2G", store_disk;
   std::vector<std::string> refs, caches;
   bool has_negative = false;
-  float cfg_scale = 1.0f;
+  float cfg_scale = 0.0f;
   int64_t resolution = 0, max_sequence_length = 0;
   int steps = 0;
   uint64_t seed = 0;
@@ -127,7 +127,7 @@ int run(Opts o) {
                  "warning: --cfg-scale %g without a negative prompt (-n): classifier-free "
                  "guidance stays off\n",
                  static_cast<double>(req.cfg_scale));
-  } else if (req.has_negative_prompt && req.cfg_scale <= 1.0f) {
+  } else if (req.has_negative_prompt && req.cfg_scale != 0.0f && req.cfg_scale <= 1.0f) {
     std::fprintf(stderr,
                  "warning: a negative prompt without --cfg-scale above 1: classifier-free "
                  "guidance stays off\n");
@@ -220,13 +220,12 @@ void add_generate(CLI::App& app) {
                   "a folder the reference store also keeps entries in, checked when read back: "
                   "later runs with the same references, prompts and weights reuse them");
   cmd->add_option("-n,--negative", o->negative,
-                  "negative prompt for classifier-free guidance (with --cfg-scale above 1; "
-                  "Qwen-Image-2.1)")
+                  "negative prompt for classifier-free guidance (Qwen-Image: on at scale 4 "
+                  "unless --cfg-scale says otherwise; Qwen-Image-2.1: with --cfg-scale above 1)")
       ->each([o](const std::string&) { o->has_negative = true; });
   cmd->add_option("--cfg-scale", o->cfg_scale,
-                  "guidance scale: negative + S x (positive - negative); 1 (default) is off, "
-                  "as Qwen-Image-2.1 is meant to be sampled")
-      ->capture_default_str()
+                  "guidance scale: negative + S x (positive - negative), 1 or below is off; "
+                  "default: the pipeline's (Qwen-Image 4, Qwen-Image-2.1 1: off)")
       ->check(CLI::Range(0.0f, 100.0f));
   cmd->add_option("-r,--ref", o->refs,
                   "a reference / condition picture (PNG or JPEG); repeat for more");

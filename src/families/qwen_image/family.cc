@@ -1,10 +1,15 @@
-// Qwen-Image (and Edit, Edit-Plus): diffusers QwenImageTransformer2DModel. Every token reads the
-// target and follows the current step, so no exact conditioning cache exists: flowkv inspects
-// it and answers predict, but does not run it.
+// Qwen-Image (and Edit-Plus 2509 / 2511): diffusers QwenImageTransformer2DModel. Every token
+// reads the target and follows the current step, so no exact conditioning cache exists; step
+// caches apply.
 #include "families/family.h"
+#include "families/adapters.h"
+#include "families/flux2/impl.h"
+#include "families/forward_run.h"
 #include "flowkv/error.h"
 #include "models/qwen_image/config.h"
+#include "models/qwen_image/model_qwen.h"
 #include "models/qwen_image/weights.h"
+#include "pipeline/denoise.h"
 
 namespace flowkv::families {
 
@@ -50,6 +55,88 @@ void inspect_files(const CheckpointScan& scan, InspectReport& r) {
   }
 }
 
+// The family's model: a loaded transformer.
+class QwenImageModel final : public FamilyModel {
+ public:
+  QwenImageModel(qwen::ModelQwenImage m, std::string variant, bool int8)
+      : m_(std::move(m)), variant_(std::move(variant)), int8_(int8) {}
+  std::string variant() const override { return variant_; }
+  std::string config_json() const override { return m_.config().to_json().dump(2); }
+  std::string compute_dtype() const override {
+    return int8_ ? "INT8" : std::string(dtype_name(m_.compute_dtype()));
+  }
+  int64_t in_channels() const override { return m_.config().in_channels; }
+  int64_t text_channels() const override { return m_.config().joint_attention_dim; }
+  cache::Topology topology() const override { return qwen_image_topology(m_); }
+  std::unique_ptr<pipeline::DenoiseAdapter> adapter(const DenoiseInputs& in,
+                                                    const DenoiseOptions& opts) const override {
+    return qwen_image_adapter(m_, in, opts);
+  }
+  // One forward of the whole image stream [target, references] at time opts.sigma; the output
+  // is the target's velocity.
+  Tensor forward(const DenoiseInputs& in, const ForwardOptions& opts, ForwardProfile* profile,
+                 Workspace* ws) const override {
+    DenoiseOptions o;
+    o.steps = 1;
+    auto a = qwen_image_adapter(m_, in, o);
+    a->validate();
+    a->prepare(true);
+    ForwardRun run(ws, opts.check_finite, profile);
+    run.input("noise", in.noise);
+    run.input("prompt", in.prompt.embeds);
+    const pipeline::StepCall call{
+        .step = 0, .steps = 1, .timestep = opts.sigma, .latents = in.noise.f32()};
+    a->forward(run.context(), 0, call);
+    const int64_t B = a->batch(), n = B * a->tokens() * a->channels();
+    Tensor out = Tensor::empty({B, a->tokens(), a->channels()});
+    std::copy(a->velocity(0), a->velocity(0) + n, out.f32());
+    run.finish(out);
+    return out;
+  }
+  DenoiseInputs example_inputs(const ExampleShape& s) const override {
+    DenoiseInputs in;
+    in.prompt = {example_tensor({s.batch, s.text_tokens, text_channels()}, s.seed + 1), {}, {}};
+    if (s.cfg) {
+      in.negative = {example_tensor({s.batch, s.text_tokens, text_channels()}, s.seed + 3), {}, {}};
+      in.cfg_scale = 4.0f;
+    }
+    in.noise = example_tensor({s.batch, s.height * s.width, in_channels()}, s.seed + 2);
+    in.height = s.height, in.width = s.width;
+    for (size_t i = 0; i < s.references.size(); ++i) {
+      const auto [h, w] = s.references[i];
+      in.references.push_back(
+          {example_tensor({s.batch, h * w, in_channels()}, s.seed + 10 + i), h, w});
+    }
+    return in;
+  }
+  KVPrediction predict(int64_t text, const std::vector<int64_t>& refs, int64_t target, int steps,
+                       bool cfg) const override {
+    const qwen::ConfigQwenImage& c = m_.config();
+    const TokenLayout layout = joint_layout(text, refs, target);
+    const CachePlan plan = plan_cache(layout, true, false);
+    const cost::ModelShape shape{c.dim(), c.num_layers, c.mlp_hidden(),
+                                 dtype_size(m_.compute_dtype())};
+    return prediction(variant_, shape, layout, plan, steps, cfg);
+  }
+
+ private:
+  qwen::ModelQwenImage m_;
+  std::string variant_;
+  bool int8_;
+};
+
+std::shared_ptr<const FamilyModel> load_model(const std::string& path, const std::string& dtype) {
+  const flux2::LoadOptions f = parse_dtype_option(dtype);
+  qwen::LoadOptions21 o;
+  o.auto_dtype = f.auto_dtype;
+  o.compute = f.compute;
+  o.int8 = f.int8;
+  qwen::ModelQwenImage m = qwen::ModelQwenImage::load(path, o);
+  std::string variant = describe(m.config());
+  if (m.config().zero_cond_t) variant += ", zero_cond_t (Edit-2511)";
+  return std::make_shared<QwenImageModel>(std::move(m), std::move(variant), f.int8);
+}
+
 FamilyInfo info() {
   FamilyInfo i;
   i.name = "qwen-image";
@@ -57,8 +144,11 @@ FamilyInfo info() {
   i.exact_cache = "";  // none
   i.images = "reference";
   i.released = {"qwen-image"};
-  i.default_steps = 50;
+  i.default_steps = 50;  // QwenImagePipeline / QwenImageEditPlusPipeline __call__
+  i.bench_steps = {4, 8};
+  i.bench_images = {0, 1, 2};
   i.true_cfg = true;
+  i.grid_multiple = 1;
   return i;
 }
 
@@ -72,12 +162,7 @@ Family qwen_image_family() {
     return qwen::holds_qwen_image(scan.tensors);
   };
   f.has_builtin = [](const std::string&) { return false; };
-  f.load = [](const std::string& path, const std::string&) -> std::shared_ptr<const FamilyModel> {
-    fail(path,
-         ": a Qwen-Image transformer. flowkv inspects it and predicts its cost (no exact "
-         "conditioning cache exists for it) but does not run it; it runs FLUX.2 and "
-         "Qwen-Image-2.1");
-  };
+  f.load = load_model;
   f.builtin = [](const std::string& name, uint64_t,
                  const std::string&) -> std::shared_ptr<const FamilyModel> {
     fail("no built-in Qwen-Image model '", name, "'");
@@ -89,7 +174,18 @@ Family qwen_image_family() {
     (void)config_of_model(model);  // a config that is not Qwen-Image's fails here
     return joint_layout(text, refs, target);
   };
+  f.tables = flux1_tables();
+  f.runs_pipeline = [](const std::string& pipeline_class) {
+    return pipeline_class == "QwenImagePipeline" || pipeline_class == "QwenImageEditPlusPipeline";
+  };
+  f.open_pipeline = qwen_image_open_pipeline;
   return f;
+}
+
+cache::Topology qwen_image_topology(const qwen::ModelQwenImage& m) {
+  cache::Topology t = m.topology();
+  t.tables = flux1_tables();
+  return t;
 }
 
 }  // namespace flowkv::families
