@@ -24,6 +24,10 @@ tokens; dump_klein_pipeline.py's tiny_tokenizer cuts it) and records:
               mm_token_type_ids, which diffusers 0.42.1 does not, so the pipeline's own output
               uses positions 0..L-1 on every axis)
 
+``t2i_short_bf16`` and ``edit_bf16`` are those cases run by the pipelines with the model in
+bfloat16 (the released dtype); ``text_encoder_bf16/`` holds its language model's tensors in
+bfloat16 (the vision tower left out).
+
 Folders: ``text_encoder/`` (save_pretrained: config.json with text_config nested; the tensors as
 transformers 4.x saved them and 5.24 still writes them: model.layers.*, model.embed_tokens,
 visual.*, lm_head), ``text_encoder_alt/`` (the same weights with the other layouts: a flat
@@ -41,6 +45,7 @@ Usage (from the repository root; CMake unpacks the real tokenizer into the build
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 
@@ -304,6 +309,8 @@ def main():
     for name, prompt in cases.items():
         msl = 512
         d = t2i_case(pipe, prompt, msl)
+        if name == "t2i_long":
+            del d["hidden"]  # size: prompt_embeds covers it
         write_st(os.path.join(args.out, f"{name}.safetensors"), d)
         full = len(tok(pipe.prompt_template_encode.format(prompt))["input_ids"])
         meta["cases"][name] = {"prompt": prompt, "max_sequence_length": msl,
@@ -334,6 +341,30 @@ def main():
                              "grid_thw": d["image_grid_thw"].tolist(),
                              "tokens": int(d["input_ids"].numel())}
     meta["edit_drop_idx"] = epipe.prompt_template_encode_start_idx
+
+    # bfloat16: the same weights run in bf16 (as the released checkpoint runs); the language
+    # model's tensors saved in bf16 (kModel layout, no vision tower: flowkv reads none of it).
+    model16 = copy.deepcopy(model).to(torch.bfloat16).eval()
+    bf16_dir = os.path.join(args.out, "text_encoder_bf16")
+    os.makedirs(bf16_dir)
+    cfg16 = json.load(open(os.path.join(te_dir, "config.json")))
+    cfg16["dtype"] = "bfloat16"
+    json.dump(cfg16, open(os.path.join(bf16_dir, "config.json"), "w"), indent=1)
+    sd16 = {k: v.contiguous() for k, v in model16.state_dict().items()
+            if k.startswith("model.language_model.")}
+    sd16 = {"model." + k[len("model.language_model."):]: v for k, v in sd16.items()}
+    safetensors.torch.save_file(sd16, os.path.join(bf16_dir, "model.safetensors"),
+                                metadata={"format": "pt"})
+    pipe16 = QwenImagePipeline(scheduler=None, vae=None, text_encoder=model16, tokenizer=tok,
+                               transformer=None)
+    d = t2i_case(pipe16, PROMPTS_T2I["t2i_short"], 512)
+    del d["hidden"]
+    write_st(os.path.join(args.out, "t2i_short_bf16.safetensors"), d)
+    epipe16 = QwenImageEditPlusPipeline(scheduler=None, vae=None, text_encoder=model16,
+                                        tokenizer=tok, processor=processor, transformer=None)
+    write_st(os.path.join(args.out, "edit_bf16.safetensors"), edit_case(epipe16, model16, images))
+    meta["cases"]["t2i_short_bf16"] = dict(meta["cases"]["t2i_short"])
+    meta["cases"]["edit_bf16"] = dict(meta["cases"]["edit"])
 
     # The drop indices against the real tokenizer: the template's text before the prompt.
     real = AutoTokenizer.from_pretrained(args.qwen3_tokenizer)

@@ -20,8 +20,8 @@ std::map<std::string, TensorInfo> text_tensors(const std::map<std::string, Tenso
   std::map<std::string, TensorInfo> out;
   for (const auto& [name, info] : tensors) {
     if (!name.starts_with(prefix)) continue;
-    // In the kModel layout "model." also begins the other layout's names: those are not this
-    // model's text weights (a file mixing the layouts shows them as missing ones).
+    // "model." also begins the names of the other layout (model.visual.*, and text weights a
+    // detection did not pick): they are not this layout's text weights.
     if (layout == Layout::kModel &&
         (name.starts_with("model.visual.") || name.starts_with("model.language_model."))) {
       continue;
