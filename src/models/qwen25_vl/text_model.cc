@@ -21,7 +21,6 @@
 namespace flowkv::qwen25_vl {
 
 namespace fs = std::filesystem;
-using qwen3::GlobalW;
 
 struct TextModel::Weights {
   Config cfg;
@@ -190,7 +189,7 @@ TextModel TextModel::from_scan(const CheckpointScan& scan, const Config& cfg,
         problems));
   }
   const DType compute = qwen3::choose_compute(tensors, table, opts.auto_dtype, opts.compute);
-  const std::string embed_name = qwen3::weight_name(GlobalW::kEmbedTokens, prefix);
+  const std::string embed_name = qwen3::weight_name(qwen3::GlobalW::kEmbedTokens, prefix);
   check_weights_fit(
       table,
       [&](const ExpectedTensor& e) {
@@ -210,7 +209,7 @@ TextModel TextModel::from_scan(const CheckpointScan& scan, const Config& cfg,
   for (int64_t l = 0; l < cfg.text.num_hidden_layers; ++l) {
     w->layers.push_back(qwen3::load_layer(reader, cfg.text, prefix, l, dt, opts.keep_plain));
   }
-  w->norm = qwen3::load_vector(reader, qwen3::weight_name(GlobalW::kNorm, prefix));
+  w->norm = qwen3::load_vector(reader, qwen3::weight_name(qwen3::GlobalW::kNorm, prefix));
   TextModel m;
   m.w_ = std::move(w);
   return m;
