@@ -23,6 +23,11 @@ struct Config {
   double rope_theta = 10000;  // rope_parameters.rope_theta, else rope_theta, else 10000
   bool tie_word_embeddings = false;
   std::string dtype = "float32";  // torch_dtype / dtype as written (informational)
+  // The Qwen2 form of the same layer (Qwen2.5-VL's language model, models/qwen25_vl): biased
+  // q/k/v projections and no q/k RMSNorm. Never read from a Qwen3 config.json (whose
+  // attention_bias is refused); set by the loaders of the Qwen2 family.
+  bool attention_bias = false;  // q_proj/k_proj/v_proj have biases
+  bool qk_norm = true;          // q_norm/k_norm per head before RoPE
 
   int64_t q_width() const { return num_attention_heads * head_dim; }
   int64_t kv_width() const { return num_key_value_heads * head_dim; }

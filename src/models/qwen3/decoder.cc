@@ -22,8 +22,8 @@ std::vector<float> load_vector(const CheckpointReader& reader, const std::string
   return std::vector<float>(f.f32(), f.f32() + f.numel());
 }
 
-LayerWeights load_layer(const CheckpointReader& reader, const std::string& prefix, int64_t layer,
-                        ops::Compute dt, bool keep_plain) {
+LayerWeights load_layer(const CheckpointReader& reader, const Config& c, const std::string& prefix,
+                        int64_t layer, ops::Compute dt, bool keep_plain) {
   auto n = [&](LayerW k) { return weight_name(layer, k, prefix); };
   auto stack = [&](std::initializer_list<LayerW> names) {
     std::vector<Tensor> ts;
@@ -33,8 +33,18 @@ LayerWeights load_layer(const CheckpointReader& reader, const std::string& prefi
   LayerWeights lw;
   lw.input_norm = load_vector(reader, n(LayerW::kInputNorm));
   lw.qkv = stack({LayerW::kQProj, LayerW::kKProj, LayerW::kVProj});
-  lw.q_norm = load_vector(reader, n(LayerW::kQNorm));
-  lw.k_norm = load_vector(reader, n(LayerW::kKNorm));
+  if (c.attention_bias) {
+    std::vector<float> bias;
+    for (LayerW k : {LayerW::kQBias, LayerW::kKBias, LayerW::kVBias}) {
+      const std::vector<float> b = load_vector(reader, n(k));
+      bias.insert(bias.end(), b.begin(), b.end());
+    }
+    lw.qkv.set_bias(Tensor::from_vector(bias, {static_cast<int64_t>(bias.size())}));
+  }
+  if (c.qk_norm) {
+    lw.q_norm = load_vector(reader, n(LayerW::kQNorm));
+    lw.k_norm = load_vector(reader, n(LayerW::kKNorm));
+  }
   lw.o = ops::Linear(reader.get(n(LayerW::kOProj)), dt, keep_plain);
   lw.post_norm = load_vector(reader, n(LayerW::kPostAttnNorm));
   lw.gate_up = stack({LayerW::kGateProj, LayerW::kUpProj});
@@ -82,6 +92,29 @@ void round_if_bf16(const DecoderRun& r, Mat m) {
   if (r.bf16) ops::round_bf16(r.ec, m);
 }
 
+namespace {
+
+// transformers' apply_rotary_pos_emb alone (Qwen2: no q/k norm): per head,
+// x[i] * cos[i] - x[i + hd/2] * sin[i] and x[i + hd/2] * cos[i + hd/2] + x[i] * sin[i + hd/2].
+void rope_half(Mat x, int64_t hd, const ops::RopeRows& rope) {
+  const int64_t n = hd / 2;
+  for (int64_t r = 0; r < x.rows; ++r) {
+    float* xr = x.row(r);
+    const float* c = rope.cos + (r % rope.seq) * hd;
+    const float* s = rope.sin + (r % rope.seq) * hd;
+    for (int64_t h = 0; h < x.cols / hd; ++h) {
+      float* v = xr + h * hd;
+      for (int64_t i = 0; i < n; ++i) {
+        const float a = v[i], b = v[i + n];
+        v[i] = a * c[i] - b * s[i];
+        v[i + n] = b * c[i + n] + a * s[i + n];
+      }
+    }
+  }
+}
+
+}  // namespace
+
 void decoder_layer(const DecoderRun& r, const LayerWeights& lw, Mat x) {
   const Config& c = r.cfg;
   const int64_t H = c.hidden_size, Wq = c.q_width(), Wkv = c.kv_width(), hd = c.head_dim;
@@ -94,8 +127,13 @@ void decoder_layer(const DecoderRun& r, const LayerWeights& lw, Mat x) {
   rms_norm(r, x, lw.input_norm, n);
   lw.qkv.forward(r.ec, n, qkv);
   const ops::RopeRows rope{r.cos, r.sin, r.L, true};
-  ops::rms_norm_rope(r.ec, qkv.cols_slice(0, Wq), hd, lw.q_norm.data(), eps, rope);
-  ops::rms_norm_rope(r.ec, qkv.cols_slice(Wq, Wkv), hd, lw.k_norm.data(), eps, rope);
+  if (c.qk_norm) {
+    ops::rms_norm_rope(r.ec, qkv.cols_slice(0, Wq), hd, lw.q_norm.data(), eps, rope);
+    ops::rms_norm_rope(r.ec, qkv.cols_slice(Wq, Wkv), hd, lw.k_norm.data(), eps, rope);
+  } else {
+    rope_half(qkv.cols_slice(0, Wq), hd, rope);
+    rope_half(qkv.cols_slice(Wq, Wkv), hd, rope);
+  }
   round_if_bf16(r, qkv);
   ops::KVSource kv =
       ops::KVSource::f32(qkv.cols_slice(Wq, Wkv), qkv.cols_slice(Wq + Wkv, Wkv), r.L);

@@ -1,8 +1,10 @@
-// The Qwen3 decoder layer, shared by the Qwen3 text encoder (FLUX.2 Klein, model.h) and the
-// Qwen3-VL language model (Qwen-Image 2.1, models/qwen3_vl/text_model.h): the two run the same
-// layer (transformers' Qwen3DecoderLayer and Qwen3VLTextDecoderLayer are the same computation)
-// and differ in their weight-name prefix, their RoPE tables and what they do between layers.
-// Internal to src/models: no public API.
+// The Qwen3 decoder layer, shared by the Qwen3 text encoder (FLUX.2 Klein, model.h), the
+// Qwen3-VL language model (Qwen-Image 2.1, models/qwen3_vl/text_model.h) and, in its Qwen2 form
+// (Config::attention_bias, no qk_norm), the Qwen2.5-VL one (Qwen-Image, models/qwen25_vl): they
+// run the same layer (transformers' Qwen3DecoderLayer and Qwen3VLTextDecoderLayer are the same
+// computation; Qwen2_5_VLDecoderLayer is it with biased q/k/v and no q/k norm) and differ in their
+// weight-name prefix, their RoPE tables and what they do between layers. Internal to src/models: no
+// public API.
 #pragma once
 
 #include <cmath>
@@ -32,9 +34,9 @@ struct LayerWeights {
 };
 
 // Layer `layer` of a checkpoint whose decoder keys start with `prefix` ("model." for Qwen3,
-// "model.language_model." for Qwen3-VL).
-LayerWeights load_layer(const CheckpointReader& reader, const std::string& prefix, int64_t layer,
-                        ops::Compute dt, bool keep_plain);
+// "model.language_model." for Qwen3-VL). `c` says which tensors a layer has (has_weight).
+LayerWeights load_layer(const CheckpointReader& reader, const Config& c, const std::string& prefix,
+                        int64_t layer, ops::Compute dt, bool keep_plain);
 
 // f32 RMSNorm weights (any stored dtype widened).
 std::vector<float> load_vector(const CheckpointReader& reader, const std::string& name);
@@ -84,7 +86,8 @@ void rms_norm(const DecoderRun& r, Mat x, const std::vector<float>& weight, Mat 
 // Rounds m to bf16 values when the run computes in bf16.
 void round_if_bf16(const DecoderRun& r, Mat m);
 
-// One decoder layer, in place on x [M, H]: x += o_proj(attn(q_norm/k_norm + RoPE));
+// One decoder layer, in place on x [M, H]: x += o_proj(attn(q_norm/k_norm + RoPE)) (Qwen2:
+// biased q/k/v, no q/k norm);
 // x += down(SiLU(gate) * up). Causal attention over each batch element, keys masked by `valid`.
 void decoder_layer(const DecoderRun& r, const LayerWeights& lw, Mat x);
 

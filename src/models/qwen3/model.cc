@@ -133,7 +133,7 @@ Encoder Encoder::from_scan(const CheckpointScan& scan, const Config& cfg, const 
   const ops::Compute dt{compute, opts.int8};
   w->embed = reader.get(embed_name);
   for (int64_t l = 0; l < std::min(last, cfg.num_hidden_layers); ++l) {
-    w->layers.push_back(load_layer(reader, kPrefix, l, dt, opts.keep_plain));
+    w->layers.push_back(load_layer(reader, cfg, kPrefix, l, dt, opts.keep_plain));
   }
   if (last == cfg.num_hidden_layers) w->norm = load_vector(reader, weight_name(GlobalW::kNorm));
   Encoder e;

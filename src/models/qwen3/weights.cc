@@ -16,7 +16,8 @@ constexpr const char* kLayerNames[] = {
     "self_attn.o_proj.weight", "self_attn.q_norm.weight",
     "self_attn.k_norm.weight", "post_attention_layernorm.weight",
     "mlp.gate_proj.weight",    "mlp.up_proj.weight",
-    "mlp.down_proj.weight",
+    "mlp.down_proj.weight",    "self_attn.q_proj.bias",
+    "self_attn.k_proj.bias",   "self_attn.v_proj.bias",
 };
 static_assert(std::size(kGlobalNames) == static_cast<size_t>(GlobalW::kCount));
 static_assert(std::size(kLayerNames) == static_cast<size_t>(LayerW::kCount));
@@ -65,10 +66,29 @@ Shape weight_shape(const Config& c, LayerW w) {
       return {f, h};
     case LayerW::kDownProj:
       return {h, f};
+    case LayerW::kQBias:
+      return {c.q_width()};
+    case LayerW::kKBias:
+    case LayerW::kVBias:
+      return {c.kv_width()};
     case LayerW::kCount:
       break;
   }
   return {};
+}
+
+bool has_weight(const Config& c, LayerW w) {
+  switch (w) {
+    case LayerW::kQNorm:
+    case LayerW::kKNorm:
+      return c.qk_norm;
+    case LayerW::kQBias:
+    case LayerW::kKBias:
+    case LayerW::kVBias:
+      return c.attention_bias;
+    default:
+      return true;
+  }
 }
 
 std::vector<ExpectedTensor> weight_table(const Config& c, const std::string& prefix) {
@@ -85,6 +105,7 @@ std::vector<ExpectedTensor> needed_table(const Config& c, int64_t last, const st
   for (int64_t l = 0; l < last && l < c.num_hidden_layers; ++l) {
     for (int i = 0; i < static_cast<int>(LayerW::kCount); ++i) {
       const auto w = static_cast<LayerW>(i);
+      if (!has_weight(c, w)) continue;
       t.push_back({weight_name(l, w, prefix), weight_shape(c, w)});
     }
   }

@@ -22,6 +22,9 @@ enum class LayerW {
   kGateProj,
   kUpProj,
   kDownProj,
+  kQBias,  // Qwen2 only (Config::attention_bias)
+  kKBias,
+  kVBias,
   kCount
 };
 
@@ -33,6 +36,9 @@ std::string weight_name(GlobalW w, const std::string& prefix = kPrefix);
 std::string weight_name(int64_t layer, LayerW w, const std::string& prefix = kPrefix);
 Shape weight_shape(const Config& c, GlobalW w);
 Shape weight_shape(const Config& c, LayerW w);
+// Whether a layer of this config has the tensor: q_norm/k_norm with qk_norm, the q/k/v biases
+// with attention_bias.
+bool has_weight(const Config& c, LayerW w);
 
 // Every tensor a checkpoint of this config holds (lm_head only when the embeddings are untied).
 std::vector<ExpectedTensor> weight_table(const Config& c, const std::string& prefix = kPrefix);

@@ -245,7 +245,7 @@ TextModel TextModel::from_scan(const CheckpointScan& scan, const Config& cfg,
   const ops::Compute dt{compute, opts.int8};
   w->embed = reader.get(embed_name);
   for (int64_t l = 0; l < cfg.text.num_hidden_layers; ++l) {
-    w->layers.push_back(qwen3::load_layer(reader, kPrefix, l, dt, opts.keep_plain));
+    w->layers.push_back(qwen3::load_layer(reader, cfg.text, kPrefix, l, dt, opts.keep_plain));
   }
   TextModel m;
   m.w_ = std::move(w);
