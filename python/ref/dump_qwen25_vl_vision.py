@@ -17,13 +17,15 @@ windows of 4, 2, 2 and 1 merged tokens, padded).
 Writes under ``<out>/``:
 
 * ``text_encoder/``          the whole tiny Qwen2_5_VLForConditionalGeneration, ``save_pretrained``
-                             (f32, transformers 5.x layout: ``model.visual.`` keys, nested
-                             text_config), with Qwen-Image's ``preprocessor_config.json`` values
-                             (patch 14, min_pixels 3136, max_pixels 12845056, CLIP mean/std)
-* ``v4_bf16/``               the tower's tensors alone in bfloat16 under ``visual.`` and a
+                             (f32; transformers 5.24 writes the original key layout, ``visual.``
+                             and ``model.layers.``, and a config with nested text_config and
+                             vision rope_parameters), with Qwen-Image's ``preprocessor_config.json``
+                             values (patch 14, min_pixels 3136, max_pixels 12845056, CLIP mean/std)
+* ``bf16/``                  the tower's tensors alone in bfloat16 under ``model.visual.`` (the
+                             in-memory names, which transformers 4.52-4.57 also saved) and a
                              config.json in the transformers 4.x flat layout (text fields at the
                              top, vision_config.model_type "qwen2_5_vl", in_chans, no
-                             rope_parameters), as the released Qwen-Image text_encoder/ has them
+                             rope_parameters), as the released Qwen-Image text_encoder/ has it
 * ``in/*.png``               the test images (RGB)
 * ``processor.safetensors``  per processor case ``<case>.pixel_values`` [N, 3*2*14*14] and
                              ``<case>.grid_thw`` [n, 3] (F32, exact integers)
@@ -224,11 +226,11 @@ def main():
     assert torch.allclose(torch.cat(list(out2.pooler_output)), dump["embeds"], atol=1e-5, rtol=1e-5)
     model.set_attn_implementation("sdpa")
 
-    # The 4.x layout, bf16: the tower's tensors under "visual." and a flat config.json. The
-    # reference itself must read that config to the same vision config.
-    v4 = os.path.join(args.out, "v4_bf16")
+    # bf16: the tower's tensors under "model.visual." and a 4.x flat config.json. The reference
+    # itself must read that config to the same vision config.
+    v4 = os.path.join(args.out, "bf16")
     os.makedirs(v4)
-    visual16 = {k[len("model."):]: v.detach().to(torch.bfloat16).contiguous().clone()
+    visual16 = {k: v.detach().to(torch.bfloat16).contiguous().clone()
                 for k, v in model.state_dict().items() if k.startswith("model.visual.")}
     save_file(visual16, os.path.join(v4, "model.safetensors"), metadata={"format": "pt"})
     cfg4 = v4_config(saved)
