@@ -6,7 +6,9 @@
 #include "core/checked.h"
 #include "flowkv/error.h"
 #include "flowkv/limits.h"
+#include "models/common/blocks.h"
 #include "ops/attention.h"
+#include "ops/ops.h"
 
 namespace flowkv::vit {
 
@@ -93,6 +95,21 @@ int64_t check_pixels_and_grids(const std::string& what, const Tensor& pv, int64_
   FLOWKV_CHECK(n == pv.dim(0), what, ": the grids hold ", n, " patches but pixel_values has ",
                pv.dim(0), " rows");
   return n;
+}
+
+void embed_patches(const ExecContext& ctx, const ops::Linear& proj, const Tensor& pixel_values,
+                   bool bf16, Mat x) {
+  Mat pv = make_mat(const_cast<float*>(pixel_values.f32()), x.rows, pixel_values.dim(1));
+  if (bf16) {
+    ArenaScope s(*ctx.arena);
+    Mat p16 = alloc_mat(*ctx.arena, pv.rows, pv.cols);
+    copy_rows(pv, p16);
+    ops::round_bf16(ctx, p16);
+    proj.forward(ctx, p16, x);
+    ops::round_bf16(ctx, x);
+  } else {
+    proj.forward(ctx, pv, x);
+  }
 }
 
 void trace(const ExecContext& ctx, const std::string& name, Mat m) {

@@ -17,6 +17,7 @@
 #include "core/parallel.h"
 #include "flowkv/tensor.h"
 #include "io/checkpoint.h"
+#include "ops/linear.h"
 
 namespace flowkv::vit {
 
@@ -87,6 +88,13 @@ void segment_attention(const ExecContext& ctx, Mat qkv, Mat out, int64_t heads, 
 int64_t check_pixels_and_grids(const std::string& what, const Tensor& pixel_values,
                                int64_t patch_dim, const std::string& patch_desc,
                                std::span<const Grid> grids, int64_t merge);
+
+// The patch embedding into x [N, hidden]: the Conv3d with stride = kernel is a linear map of
+// each flattened patch (`proj` holds it as [hidden, C*T*P*P], with or without a bias). A bf16
+// tower rounds pixel_values to bf16 first (get_image_features casts them to the tower's dtype)
+// and its output after.
+void embed_patches(const ExecContext& ctx, const ops::Linear& proj, const Tensor& pixel_values,
+                   bool bf16, Mat x);
 
 // Records m under `name` if the context's tracer wants it.
 void trace(const ExecContext& ctx, const std::string& name, Mat m);

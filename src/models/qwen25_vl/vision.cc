@@ -278,21 +278,9 @@ Tensor VisionTower::forward(const ExecContext& ctx, const Tensor& pixel_values,
         .F = c.intermediate_size,
         .bf16 = w.compute == DType::kBF16};
 
-  // Patch embedding: the Conv3d with stride = kernel is a linear map of each flattened patch.
+  // Patch embedding: the Conv3d as a linear map of each flattened patch.
   Mat x0 = alloc_mat(ws, N, H);
-  {
-    Mat pv = make_mat(const_cast<float*>(pixel_values.f32()), N, c.patch_dim());
-    if (r.bf16) {
-      ArenaScope s(ws);
-      Mat p16 = alloc_mat(ws, N, c.patch_dim());
-      copy_rows(pv, p16);
-      ops::round_bf16(ctx, p16);  // get_image_features casts pixel_values to the tower's dtype
-      w.patch_embed.forward(ctx, p16, x0);
-    } else {
-      w.patch_embed.forward(ctx, pv, x0);
-    }
-    round_if_bf16(r, x0);
-  }
+  vit::embed_patches(ctx, w.patch_embed, pixel_values, r.bf16, x0);
   vit::trace(ctx, "patch_embed", x0);
 
   // The RoPE tables per token, in processor order (the rotary embedding runs on the position
