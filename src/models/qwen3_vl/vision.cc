@@ -15,6 +15,7 @@
 #include "flowkv/limits.h"
 #include "io/mapped_file.h"
 #include "models/common/blocks.h"
+#include "models/common/vit.h"
 #include "models/qwen3_vl/vision_weights.h"
 #include "ops/attention.h"
 #include "ops/linear.h"
@@ -63,53 +64,8 @@ std::vector<float> vec(const Tensor& t) {
   return std::vector<float>(f.f32(), f.f32() + f.numel());
 }
 
-// Only the tensors under the prefix: the checkpoint also holds the language model.
-std::map<std::string, TensorInfo> under_prefix(const std::map<std::string, TensorInfo>& t,
-                                               const std::string& prefix) {
-  std::map<std::string, TensorInfo> out;
-  for (const auto& [name, info] : t) {
-    if (name.rfind(prefix, 0) == 0) out.emplace(name, info);
-  }
-  return out;
-}
-
 bool is_linear_weight(const ExpectedTensor& e) {
   return e.shape.size() >= 2 && e.name.find("pos_embed") == std::string::npos;
-}
-
-DType choose_compute(const std::map<std::string, TensorInfo>& tensors,
-                     const std::vector<ExpectedTensor>& table, const VisionLoadOptions& opts) {
-  if (!opts.auto_dtype) return opts.compute;
-  for (const ExpectedTensor& e : table) {
-    if (!is_linear_weight(e)) continue;
-    const TensorInfo& t = tensors.at(e.name);
-    if (!t.dtype_known || t.dtype != DType::kBF16) return DType::kF32;
-  }
-  return DType::kBF16;
-}
-
-// transformers' axial inv_freq: 1 / theta^(arange(0, hd/2, 2) / (hd/2)), in f32.
-std::vector<float> axial_inv_freq(const VisionConfig& c) {
-  const int64_t spatial = c.head_dim() / 2;
-  std::vector<float> inv;
-  for (int64_t i = 0; i < spatial; i += 2) {
-    const float e = static_cast<float>(i) / static_cast<float>(spatial);
-    const auto p = static_cast<float>(std::pow(c.rope_theta, double{e}));
-    inv.push_back(1.0f / p);
-  }
-  return inv;
-}
-
-// Row `r`, column `c` of token k of an image's frame, in merge-block order (the inverse of the
-// processor's patch order, as transformers' vision_utils decodes it).
-struct Pos {
-  int64_t row, col;
-};
-Pos token_pos(int64_t k, int64_t w, int64_t m) {
-  const int64_t blocks_w = w / m;
-  const int64_t in_col = k % m, in_row = (k / m) % m;
-  const int64_t block_col = (k / (m * m)) % blocks_w, block_row = k / (m * m * blocks_w);
-  return {block_row * m + in_row, block_col * m + in_col};
 }
 
 // One axis of the align_corners bilinear resampling of the side x side table to `size`
@@ -124,15 +80,6 @@ void axis_taps(int64_t index, int64_t size, int64_t side, int64_t taps[2], float
     const float dist = std::abs(src - fl - static_cast<float>(o));
     weights[o] = std::max(1.0f - dist, 0.0f);
   }
-}
-
-void trace(const ExecContext& ctx, const std::string& name, Mat m) {
-  if (!ctx.tracer || !ctx.tracer->wants(name)) return;
-  Tensor t = Tensor::empty({m.rows, m.cols});
-  for (int64_t r = 0; r < m.rows; ++r) {
-    std::memcpy(t.f32() + r * m.cols, m.row(r), static_cast<size_t>(m.cols) * sizeof(float));
-  }
-  ctx.tracer->record(name, t);
 }
 
 // Everything one forward shares.
@@ -151,38 +98,12 @@ void round_if_bf16(const Run& r, Mat m) {
   if (r.bf16) ops::round_bf16(r.ec, m);
 }
 
-// fn(r) for every row, in tasks of rows fixed by the shape (results never depend on threads).
-template <class Fn>
-void for_rows(int64_t rows, Fn&& fn) {
-  constexpr int64_t kRowsPerTask = 64;
-  parallel_for((rows + kRowsPerTask - 1) / kRowsPerTask, [&](int64_t t) {
-    for (int64_t r = t * kRowsPerTask; r < std::min(rows, (t + 1) * kRowsPerTask); ++r) fn(r);
-  });
-}
-
 // y = LayerNorm(x) * weight + bias.
 void layer_norm(const Run& r, Mat x, const Norm& n, Mat y) {
   ops::layer_norm_modulate(r.ec, x, y, {}, {}, kNormEps);
-  for_rows(y.rows, [&](int64_t i) {
+  vit::for_rows(y.rows, [&](int64_t i) {
     float* v = y.row(i);
     for (int64_t c = 0; c < y.cols; ++c) v[c] = v[c] * n.w[c] + n.b[c];
-  });
-}
-
-// apply_rotary_pos_emb_vision on one [N, heads * hd] slice: x*cos + rotate_half(x)*sin, per head.
-void apply_rope(const Run& r, Mat x) {
-  const int64_t hd = r.hd, half = hd / 2;
-  for_rows(x.rows, [&](int64_t i) {
-    const float* cs = r.cos + i * hd;
-    const float* sn = r.sin + i * hd;
-    for (int64_t h = 0; h < r.heads; ++h) {
-      float* v = x.row(i) + h * hd;
-      for (int64_t j = 0; j < half; ++j) {
-        const float a = v[j], b = v[j + half];
-        v[j] = a * cs[j] - b * sn[j];
-        v[j + half] = b * cs[j + half] + a * sn[j + half];
-      }
-    }
   });
 }
 
@@ -203,18 +124,11 @@ void block(const Run& r, const BlockWeights& b, Mat x) {
   round_if_bf16(r, n);
   b.qkv.forward(r.ec, n, qkv);
   round_if_bf16(r, qkv);
-  apply_rope(r, qkv.cols_slice(0, r.H));
-  apply_rope(r, qkv.cols_slice(r.H, r.H));
+  vit::apply_rope(qkv.cols_slice(0, r.H), r.heads, r.hd, r.cos, r.sin);
+  vit::apply_rope(qkv.cols_slice(r.H, r.H), r.heads, r.hd, r.cos, r.sin);
   round_if_bf16(r, qkv);
   // Attention within each segment (cu_seqlens: one per image frame).
-  for (size_t s = 0; s + 1 < r.seg.size(); ++s) {
-    const int64_t r0 = r.seg[s], len = r.seg[s + 1] - r0;
-    Mat rows = qkv.rows_slice(r0, len);
-    const ops::KVSource kv =
-        ops::KVSource::f32(rows.cols_slice(r.H, r.H), rows.cols_slice(2 * r.H, r.H), len);
-    const ops::AttnShape shape{.batch = 1, .heads = r.heads, .head_dim = r.hd, .seq_q = len};
-    ops::attention(r.ec, shape, rows.cols_slice(0, r.H), {&kv, 1}, attn.rows_slice(r0, len));
-  }
+  vit::segment_attention(r.ec, qkv, attn, r.heads, r.hd, r.seg);
   round_if_bf16(r, attn);
   b.proj.forward(r.ec, attn, y);
   round_if_bf16(r, y);
@@ -262,30 +176,11 @@ Tensor merge(const Run& r, const MergerWeights& m, Mat x) {
 
 void check_inputs(const VisionConfig& c, const Tensor& pv,
                   const std::vector<std::array<int64_t, 3>>& grid) {
-  FLOWKV_CHECK(pv.defined() && pv.dtype() == DType::kF32 && pv.ndim() == 2,
-               "qwen3-vl vision: pixel_values must be a 2-D f32 tensor [patches, ", c.patch_dim(),
-               "]");
-  FLOWKV_CHECK(pv.dim(1) == c.patch_dim(), "qwen3-vl vision: pixel_values rows are ", pv.dim(1),
-               " wide; this tower's patches hold ", c.patch_dim(), " values (", c.in_channels,
-               " channels x ", c.temporal_patch_size, " frames x ", c.patch_size, "^2 pixels)");
-  FLOWKV_CHECK(!grid.empty(), "qwen3-vl vision: no image grid given");
-  const int64_t m = c.spatial_merge_size;
-  int64_t n = 0;
-  for (size_t i = 0; i < grid.size(); ++i) {
-    const auto& g = grid[i];
-    FLOWKV_CHECK(g[0] >= 1 && g[1] >= 1 && g[2] >= 1 && g[0] <= limits::kMaxTokens &&
-                     g[1] <= limits::kMaxTokens && g[2] <= limits::kMaxTokens,
-                 "qwen3-vl vision: grid_thw[", i, "] = {", g[0], ", ", g[1], ", ", g[2],
-                 "} is not a positive grid");
-    FLOWKV_CHECK(g[1] % m == 0 && g[2] % m == 0, "qwen3-vl vision: grid_thw[", i, "] = {", g[0],
-                 ", ", g[1], ", ", g[2], "}: height and width must be multiples of ",
-                 "spatial_merge_size ", m);
-    n = checked_add(n, checked_mul(checked_mul(g[0], g[1], "grid"), g[2], "grid"), "grid");
-    FLOWKV_CHECK(n <= limits::kMaxTokens, "qwen3-vl vision: more than ", limits::kMaxTokens,
-                 " patches");
-  }
-  FLOWKV_CHECK(n == pv.dim(0), "qwen3-vl vision: the grids hold ", n,
-               " patches but pixel_values has ", pv.dim(0), " rows");
+  const std::string desc = std::to_string(c.in_channels) + " channels x " +
+                           std::to_string(c.temporal_patch_size) + " frames x " +
+                           std::to_string(c.patch_size) + "^2 pixels";
+  const int64_t n = vit::check_pixels_and_grids("qwen3-vl vision", pv, c.patch_dim(), desc, grid,
+                                                c.spatial_merge_size);
   // Workspace of one block (x, norm, qkv, attention, projection, MLP hidden), the RoPE tables,
   // the merger's and the outputs, before any of it is allocated.
   const std::string what = "qwen3-vl vision activations";
@@ -300,7 +195,7 @@ void check_inputs(const VisionConfig& c, const Tensor& pv,
 
 VisionTower VisionTower::load(const CheckpointScan& scan, const VisionConfig& cfg,
                               const std::string& prefix, const VisionLoadOptions& opts) {
-  const auto tensors = under_prefix(scan.tensors, prefix);
+  const auto tensors = vit::under_prefix(scan.tensors, prefix);
   const std::vector<ExpectedTensor> table = vision_weight_table(cfg, prefix);
   const std::vector<std::string> problems = check_against_table(tensors, table);
   if (!problems.empty()) {
@@ -308,7 +203,7 @@ VisionTower VisionTower::load(const CheckpointScan& scan, const VisionConfig& cf
         scan.path + " does not hold a Qwen3-VL vision tower of its config under \"" + prefix + "\"",
         problems));
   }
-  const DType compute = choose_compute(tensors, table, opts);
+  const DType compute = vit::choose_compute(tensors, table, opts, is_linear_weight);
   check_weights_fit(
       table,
       [&](const ExpectedTensor& e) {
@@ -361,7 +256,7 @@ VisionTower VisionTower::load(const CheckpointScan& scan, const VisionConfig& cf
   for (size_t j = 0; j < cfg.deepstack_visual_indexes.size(); ++j) {
     w->deepstack.push_back(merger(static_cast<int64_t>(j)));
   }
-  w->inv_freq = axial_inv_freq(cfg);
+  w->inv_freq = vit::axial_inv_freq(cfg.head_dim(), cfg.rope_theta);
   VisionTower t;
   t.w_ = std::move(w);
   return t;
@@ -420,27 +315,14 @@ VisionOutput VisionTower::forward(const ExecContext& ctx, const Tensor& pixel_va
         .F = c.intermediate_size,
         .bf16 = w.compute == DType::kBF16};
 
-  // Patch embedding: the Conv3d with stride = kernel is a linear map of each flattened patch.
+  // Patch embedding: the Conv3d as a linear map of each flattened patch.
   Mat x = alloc_mat(ws, N, H);
-  {
-    Mat pv = make_mat(const_cast<float*>(pixel_values.f32()), N, c.patch_dim());
-    if (r.bf16) {
-      ArenaScope s(ws);
-      Mat p16 = alloc_mat(ws, N, c.patch_dim());
-      copy_rows(pv, p16);
-      ops::round_bf16(ctx, p16);  // get_image_features casts pixel_values to the tower's dtype
-      w.patch_embed.forward(ctx, p16, x);
-    } else {
-      w.patch_embed.forward(ctx, pv, x);
-    }
-    round_if_bf16(r, x);
-  }
-  trace(ctx, "patch_embed", x);
+  vit::embed_patches(ctx, w.patch_embed, pixel_values, r.bf16, x);
+  vit::trace(ctx, "patch_embed", x);
 
   // Learned position embedding resampled to each grid, and the RoPE tables, per token.
   float* cos = ws.floats(N * hd);
   float* sin = ws.floats(N * hd);
-  const int64_t quarter = hd / 4;
   std::vector<float> pe(static_cast<size_t>(H));
   int64_t row = 0;
   r.seg.push_back(0);
@@ -448,7 +330,7 @@ VisionOutput VisionTower::forward(const ExecContext& ctx, const Tensor& pixel_va
     const int64_t gh = g[1], gw = g[2];
     for (int64_t t = 0; t < g[0]; ++t) {
       for (int64_t k = 0; k < gh * gw; ++k, ++row) {
-        const Pos p = token_pos(k, gw, m);
+        const vit::PatchPos p = vit::merge_block_pos(k, gw, m);
         int64_t th[2], tw[2];
         float wh[2], ww[2];
         axis_taps(p.row, gh, side, th, wh);
@@ -468,40 +350,32 @@ VisionOutput VisionTower::forward(const ExecContext& ctx, const Tensor& pixel_va
         }
         for (int64_t i = 0; i < H; ++i) xr[i] += pe[i];
         // cos/sin row: [h freqs, w freqs] then the same again (the two rotate_half halves).
-        float* cr = cos + row * hd;
-        float* sr = sin + row * hd;
-        for (int64_t i = 0; i < quarter; ++i) {
-          const float fh = static_cast<float>(p.row) * w.inv_freq[i];
-          const float fw = static_cast<float>(p.col) * w.inv_freq[i];
-          cr[i] = cr[2 * quarter + i] = std::cos(fh);
-          sr[i] = sr[2 * quarter + i] = std::sin(fh);
-          cr[quarter + i] = cr[3 * quarter + i] = std::cos(fw);
-          sr[quarter + i] = sr[3 * quarter + i] = std::sin(fw);
-        }
+        vit::axial_rope_row(w.inv_freq, p, cos + row * hd, sin + row * hd);
       }
       r.seg.push_back(row);  // each frame attends within itself
     }
   }
   round_if_bf16(r, x);
-  trace(ctx, "pos_embed", x);
+  vit::trace(ctx, "pos_embed", x);
   r.cos = cos, r.sin = sin;
 
   VisionOutput out;
   for (int64_t b = 0; b < c.depth; ++b) {
     block(r, w.blocks[static_cast<size_t>(b)], x);
-    trace(ctx, "blocks." + std::to_string(b), x);
+    vit::trace(ctx, "blocks." + std::to_string(b), x);
     for (size_t j = 0; j < c.deepstack_visual_indexes.size(); ++j) {
       if (c.deepstack_visual_indexes[j] != b) continue;
       if (out.deepstack.size() < c.deepstack_visual_indexes.size()) {
         out.deepstack.resize(c.deepstack_visual_indexes.size());
       }
       out.deepstack[j] = merge(r, w.deepstack[j], x);
-      trace(ctx, "deepstack." + std::to_string(j),
-            make_mat(out.deepstack[j].f32(), out.deepstack[j].dim(0), out.deepstack[j].dim(1)));
+      vit::trace(
+          ctx, "deepstack." + std::to_string(j),
+          make_mat(out.deepstack[j].f32(), out.deepstack[j].dim(0), out.deepstack[j].dim(1)));
     }
   }
   out.embeds = merge(r, w.merger, x);
-  trace(ctx, "embeds", make_mat(out.embeds.f32(), out.embeds.dim(0), out.embeds.dim(1)));
+  vit::trace(ctx, "embeds", make_mat(out.embeds.f32(), out.embeds.dim(0), out.embeds.dim(1)));
   return out;
 }
 

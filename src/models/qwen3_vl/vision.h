@@ -17,6 +17,7 @@
 #include "core/exec_context.h"
 #include "flowkv/tensor.h"
 #include "io/checkpoint.h"
+#include "models/common/vit.h"
 #include "models/qwen3_vl/vision_config.h"
 
 namespace flowkv::qwen3_vl {
@@ -24,14 +25,7 @@ namespace flowkv::qwen3_vl {
 // The prefix of the vision tower's tensors in a Qwen3VLForConditionalGeneration checkpoint.
 inline constexpr const char* kVisionPrefix = "model.visual.";
 
-struct VisionLoadOptions {
-  // Compute type of the linear layers: `auto_dtype` picks BF16 when every linear weight is BF16
-  // (activations rounded to bf16 before each GEMM, f32 accumulation), else `compute`. Norms,
-  // biases, embeddings, RoPE and attention run in f32 either way.
-  bool auto_dtype = true;
-  DType compute = DType::kF32;
-  bool keep_plain = false;  // keep unpacked weights so the scalar reference path can run
-};
+using VisionLoadOptions = vit::VisionLoadOptions;
 
 struct VisionOutput {
   Tensor embeds;                  // [N / merge^2, out_hidden_size] f32
