@@ -20,9 +20,6 @@
 //
 // The transformer reads tokens: pack() turns [B, C, h, w] into [B, h*w, C] (_pack_latents) and
 // unpack() inverts it (_unpack_latents without the frame axis).
-//
-// Activations are channels-last ([H, W, C], one image of the batch at a time), as the
-// convolution GEMM and attention read them. Weights are widened to f32 at load.
 #pragma once
 
 #include <map>
@@ -31,6 +28,7 @@
 
 #include "core/exec_context.h"
 #include "flowkv/tensor.h"
+#include "models/common/wan_vae.h"
 #include "models/qwen_image21_vae/config.h"
 
 namespace flowkv::qwen21_vae {
@@ -39,20 +37,8 @@ namespace flowkv::qwen21_vae {
 Tensor pack(const Tensor& x);
 Tensor unpack(const Tensor& tokens, int64_t h, int64_t w);
 
-// Tiled decode, as diffusers' AutoencoderKLQwenImage21.tiled_decode after
-// enable_tiling(tile_sample_min_height, ...): the latent is cut into tiles of
-// tile_sample_min / 16 latent pixels every tile_sample_stride / 16; each tile is decoded alone,
-// blended linearly into its upper and left neighbours over (min - stride) pixels (blend_v /
-// blend_h), cropped to stride pixels, and the image is clamped. Tiles are used only when the
-// latent is larger than one tile. Sizes in pixels must be multiples of the scale factor, with
-// stride <= min. Memory: one row of decoded tiles plus the output image.
-struct DecodeOptions {
-  bool tiled = false;
-  int64_t tile_sample_min_height = 256;  // diffusers' defaults
-  int64_t tile_sample_min_width = 256;
-  int64_t tile_sample_stride_height = 192;
-  int64_t tile_sample_stride_width = 192;
-};
+// Tiled decode as diffusers' AutoencoderKLQwenImage21.tiled_decode (models/common/wan_vae.h).
+using DecodeOptions = wan_vae::DecodeOptions;
 
 class Vae {
  public:
@@ -95,8 +81,8 @@ class Vae {
   struct Weights;  // opaque: the loaded layers (model.cc)
 
  private:
-  template <class F>
-  void per_channel(Tensor& x, F&& f) const;
+  wan_vae::Geometry geometry() const;
+  wan_vae::DecodeOne decode_fn() const;
   Vae(Config c, std::unique_ptr<Weights> w);
   Config cfg_;
   std::unique_ptr<Weights> w_;
