@@ -48,7 +48,8 @@ TEST(QwenImageVaeConfig, DefaultsAreTheReleasedModel) {
   EXPECT_FALSE(c.temporal_down(0));
   const int64_t n = qwen_vae::parameter_count(c);
   std::printf("  released Qwen-Image VAE: %.1f M parameters\n", n / 1e6);
-  EXPECT_GT(n, 100'000'000);
+  EXPECT_EQ(n, 126'892'531);  // sum of numel over diffusers' AutoencoderKLQwenImage() state dict
+  EXPECT_EQ(qwen_vae::weight_table(c).size(), 194u);
   // The released names diffusers uses (flat encoder list, upsamplers.0, 5-D causal kernels).
   std::map<std::string, Shape> t;
   for (const ExpectedTensor& e : qwen_vae::weight_table(c)) t[e.name] = e.shape;
@@ -363,6 +364,10 @@ TEST(QwenImageVaeErrors, MissingUnexpectedAndMisshapenTensors) {
   test::expect_error([&] { Vae::load(fits.path().string()); }, {"Qwen-Image VAE", "budget"});
   set_memory_budget_bytes(0);
   EXPECT_NO_THROW(Vae::load(fits.path().string()));
+  // A lone .safetensors file takes the released config: the tiny golden tensors do not fit it.
+  const std::string lone = (tmp.path() / "vae.safetensors").string();
+  write_safetensors(lone, whole);
+  test::expect_error([&] { Vae::load(lone); }, {lone, "wrong shape: encoder.conv_in.weight"});
   // A bad config in the folder: the error names config.json and the field.
   Json bad = config;
   bad["latents_std"] = Json::array({1.0});

@@ -189,9 +189,12 @@ Vae Vae::from_tensors(const Config& c, const std::map<std::string, Tensor>& tens
 Vae Vae::load(const std::string& path) {
   const std::string dir = vae_folder(path);
   const CheckpointScan scan = scan_checkpoint(dir);
-  FLOWKV_CHECK(scan.config.has_value() && !scan.single_file, dir,
-               ": expected a diffusers VAE folder (config.json and safetensors)");
-  const Config c = Config::from_json(*scan.config, dir + "/config.json");
+  FLOWKV_CHECK(!scan.gguf && (scan.config.has_value() || scan.single_file), dir,
+               ": expected a diffusers VAE folder (config.json and safetensors) or a .safetensors "
+               "file");
+  // A lone file under diffusers names has no config: the class defaults (the released VAE).
+  const Config c =
+      scan.single_file ? Config{} : Config::from_json(*scan.config, dir + "/config.json");
   const auto problems = check_weights(scan.tensors, c);
   FLOWKV_CHECK(
       problems.empty(),

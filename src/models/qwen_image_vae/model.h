@@ -52,9 +52,11 @@ class Vae {
   Vae& operator=(Vae&&) noexcept;
   ~Vae();
 
-  // Loads a diffusers vae/ folder (config.json + safetensors), or the vae/ of a pipeline
-  // folder; every missing, misshapen or unexpected tensor is a flowkv::Error naming the folder
-  // and the tensor, raised before any weight is read. BF16/F16 weights are widened to f32.
+  // Loads a diffusers vae/ folder (config.json + safetensors), the vae/ of a pipeline folder, or
+  // a lone .safetensors file under diffusers names (then the config is the class defaults: the
+  // released VAE). Every missing, misshapen or unexpected tensor is a flowkv::Error naming the
+  // folder or file and the tensor, raised before any weight is read. BF16/F16 weights are
+  // widened to f32.
   static Vae load(const std::string& path);
   // From tensors under diffusers names (tests, zero weights for measurements).
   static Vae from_tensors(const Config& c, const std::map<std::string, Tensor>& tensors,
