@@ -310,7 +310,9 @@ struct Tile {
   int64_t h = 0, w = 0;
 };
 
-}  // namespace
+using EncodeOne = std::function<Act(const ExecContext& ctx, const float* image, int64_t h,
+                                    int64_t w, BatchTrace& tr, int64_t b)>;
+using DecodeOne = std::function<Act(const ExecContext& ctx, Act z, BatchTrace& tr, int64_t b)>;
 
 void check_image(const Geometry& g, const Tensor& img, const std::string& what,
                  const std::string& hint) {
@@ -357,8 +359,6 @@ Tensor encode_moments(const ExecContext& ctx0, const Geometry& g, const Tensor& 
   return out;
 }
 
-namespace {
-
 template <class F>
 void per_channel(Tensor& x, const std::vector<float>& mean, const std::vector<float>& sd, F&& f) {
   const int64_t c = static_cast<int64_t>(mean.size()), hw = x.dim(2) * x.dim(3);
@@ -368,8 +368,6 @@ void per_channel(Tensor& x, const std::vector<float>& mean, const std::vector<fl
     for (int64_t i = 0; i < hw; ++i) p[i] = f(p[i], m, s);
   }
 }
-
-}  // namespace
 
 void normalize(Tensor& x, const std::vector<float>& mean, const std::vector<float>& sd) {
   per_channel(x, mean, sd, [](float v, float m, float s) { return (v - m) / s; });
@@ -497,6 +495,59 @@ Tensor decode_normalized(const ExecContext& ctx, const Geometry& g, const Tensor
   Tensor img = decode_z(ctx, g, x, o, one);
   if (ctx.tracer) ctx.tracer->record("image", img);
   return img;
+}
+
+}  // namespace
+
+VaeBase::VaeBase(Geometry g, std::vector<float> latents_mean, std::vector<float> latents_std)
+    : g_(std::move(g)), mean_(std::move(latents_mean)), sd_(std::move(latents_std)) {}
+VaeBase::VaeBase(VaeBase&&) noexcept = default;
+VaeBase& VaeBase::operator=(VaeBase&&) noexcept = default;
+VaeBase::~VaeBase() = default;
+
+void VaeBase::check_image(const Tensor& img, const std::string& what) const {
+  wan_vae::check_image(g_, img, what, image_hint(img));
+}
+
+void VaeBase::check_latents(const Tensor& z, const std::string& what) const {
+  wan_vae::check_latents(g_, z, what);
+}
+
+Tensor VaeBase::encode_moments(const ExecContext& ctx, const Tensor& img) const {
+  check_image(img, "VAE encode input");
+  return wan_vae::encode_moments(
+      ctx, g_, img,
+      [this](const ExecContext& c, const float* x, int64_t h, int64_t w, BatchTrace& tr,
+             int64_t b) { return encode_one(c, x, h, w, tr, b); });
+}
+
+void VaeBase::normalize(Tensor& x) const {
+  check_latents(x, "VAE latents");
+  wan_vae::normalize(x, mean_, sd_);
+}
+
+void VaeBase::denormalize(Tensor& x) const {
+  check_latents(x, "VAE latents");
+  wan_vae::denormalize(x, mean_, sd_);
+}
+
+Tensor VaeBase::encode(const ExecContext& ctx, const Tensor& img) const {
+  return mode_normalized(ctx, encode_moments(ctx, img), mean_, sd_);
+}
+
+Tensor VaeBase::decode(const ExecContext& ctx, const Tensor& latents,
+                       const DecodeOptions& o) const {
+  return decode_normalized(ctx, g_, latents, o, mean_, sd_,
+                           [this](const ExecContext& c, Act x, BatchTrace& tr, int64_t b) {
+                             return decode_one(c, std::move(x), tr, b);
+                           });
+}
+
+Tensor VaeBase::decode_z(const ExecContext& ctx, const Tensor& z, const DecodeOptions& o) const {
+  return wan_vae::decode_z(ctx, g_, z, o,
+                           [this](const ExecContext& c, Act x, BatchTrace& tr, int64_t b) {
+                             return decode_one(c, std::move(x), tr, b);
+                           });
 }
 
 }  // namespace flowkv::wan_vae

@@ -152,39 +152,57 @@ struct Geometry {
   std::vector<int64_t> encoder_by_res, decoder_by_res;
 };
 
-// Checks an image batch [B, in_channels, H, W] (dtype, multiple of the factor, size limits);
-// `hint` is appended to a wrong-shape error.
-void check_image(const Geometry& g, const Tensor& image, const std::string& what,
-                 const std::string& hint = "");
-// Checks a latent batch [B, z, h, w].
-void check_latents(const Geometry& g, const Tensor& latents, const std::string& what);
+// The public surface of a Wan-style VAE on images: the batch loops, checks, normalisation and
+// tiling around a model's per-image encoder and decoder.
+//
+// Images are [B, C_in, H, W] f32 in [-1, 1] (PyTorch order), H and W multiples of the factor f;
+// latents are "normalised" [B, z, H/f, W/f].
+//   encode:  image -> encoder -> quant_conv -> moments [B, 2z, h, w] -> mode (the mean half:
+//            retrieve_latents(sample_mode="argmax")) -> (x - latents_mean) / latents_std
+//   decode:  latents -> x * latents_std + latents_mean -> post_quant_conv -> decoder ->
+//            clamp to [-1, 1] (vae.decode(...)[0][:, :, 0])
+class VaeBase {
+ public:
+  virtual ~VaeBase();
 
-// One image [C_in, H, W] channels-first -> moments [h, w, 2z].
-using EncodeOne = std::function<Act(const ExecContext& ctx, const float* image, int64_t h,
-                                    int64_t w, BatchTrace& tr, int64_t b)>;
-// One latent [h, w, z] (denormalised) -> image [fh, fw, C_out], not clamped.
-using DecodeOne = std::function<Act(const ExecContext& ctx, Act z, BatchTrace& tr, int64_t b)>;
+  // image [B, C_in, H, W] in [-1, 1] -> normalised latents [B, z, H/f, W/f].
+  Tensor encode(const ExecContext& ctx, const Tensor& image) const;
+  // image -> the posterior's parameters [B, 2z, H/f, W/f] (mean, then log-variance, not
+  // clamped), as vae.encode(x).latent_dist.parameters without the frame axis.
+  Tensor encode_moments(const ExecContext& ctx, const Tensor& image) const;
+  // Normalised latents [B, z, h, w] -> image [B, C_out, fh, fw] clamped to [-1, 1].
+  Tensor decode(const ExecContext& ctx, const Tensor& latents, const DecodeOptions& o = {}) const;
+  // Raw latents (denormalised) -> image, as vae.decode.
+  Tensor decode_z(const ExecContext& ctx, const Tensor& z, const DecodeOptions& o = {}) const;
 
-// image [B, C_in, H, W] -> moments [B, 2z, H/f, W/f]; the image is checked by the caller.
-Tensor encode_moments(const ExecContext& ctx, const Geometry& g, const Tensor& image,
-                      const EncodeOne& one);
-// moments -> the mode (the mean half) normalised, (x - mean) / std; traces "moments", "mode"
-// and "normalized".
-Tensor mode_normalized(const ExecContext& ctx, const Tensor& moments,
-                       const std::vector<float>& mean, const std::vector<float>& sd);
-// Raw latents [B, z, h, w] -> image [B, C_out, fh, fw] clamped to [-1, 1], whole or in tiles.
-Tensor decode_z(const ExecContext& ctx, const Geometry& g, const Tensor& z, const DecodeOptions& o,
-                const DecodeOne& one);
+  // The per-channel normalisation alone, in place on [B, z, h, w]: (x - mean) / std and back
+  // (x * std + mean), in f32 as the pipelines compute them.
+  void normalize(Tensor& x) const;
+  void denormalize(Tensor& x) const;
 
-// Normalised latents -> image: checked ("VAE decode input"), denormalised (traced as
-// "denormalized"), decode_z (the image traced as "image").
-Tensor decode_normalized(const ExecContext& ctx, const Geometry& g, const Tensor& latents,
-                         const DecodeOptions& o, const std::vector<float>& mean,
-                         const std::vector<float>& sd, const DecodeOne& one);
+  // Checks an image batch (shape, dtype, channels, multiple of the scale factor, size limits);
+  // `what` names it in the error.
+  void check_image(const Tensor& image, const std::string& what) const;
+  // Checks a latent batch [B, z, h, w]; `what` names it.
+  void check_latents(const Tensor& latents, const std::string& what) const;
 
-// In place on [B, z, h, w] (checked by the caller): (x - mean) / std and x * std + mean per
-// channel, in f32 as the pipelines compute them.
-void normalize(Tensor& x, const std::vector<float>& mean, const std::vector<float>& sd);
-void denormalize(Tensor& x, const std::vector<float>& mean, const std::vector<float>& sd);
+ protected:
+  VaeBase(Geometry g, std::vector<float> latents_mean, std::vector<float> latents_std);
+  VaeBase(VaeBase&&) noexcept;
+  VaeBase& operator=(VaeBase&&) noexcept;
+
+  // One image [C_in, H, W] channels-first -> moments [h, w, 2z] (encoder + quant_conv).
+  virtual Act encode_one(const ExecContext& ctx, const float* image, int64_t h, int64_t w,
+                         BatchTrace& tr, int64_t b) const = 0;
+  // One latent [h, w, z] (denormalised) -> image [fh, fw, C_out], not clamped
+  // (post_quant_conv + decoder).
+  virtual Act decode_one(const ExecContext& ctx, Act z, BatchTrace& tr, int64_t b) const = 0;
+  // Appended to the error for an image of the wrong shape.
+  virtual std::string image_hint(const Tensor& image) const { return ""; }
+
+ private:
+  Geometry g_;
+  std::vector<float> mean_, sd_;
+};
 
 }  // namespace flowkv::wan_vae

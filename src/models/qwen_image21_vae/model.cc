@@ -116,7 +116,14 @@ std::unique_ptr<Vae::Weights> build(const Config& c, const Getter& get) {
 
 }  // namespace
 
-Vae::Vae(Config c, std::unique_ptr<Weights> w) : cfg_(std::move(c)), w_(std::move(w)) {}
+namespace {
+wan_vae::Geometry geometry_of(const Config& c);  // below, with the forward
+}  // namespace
+
+Vae::Vae(Config c, std::unique_ptr<Weights> w)
+    : VaeBase(geometry_of(c), c.latents_mean, c.latents_std),
+      cfg_(std::move(c)),
+      w_(std::move(w)) {}
 Vae::Vae(Vae&&) noexcept = default;
 Vae& Vae::operator=(Vae&&) noexcept = default;
 Vae::~Vae() = default;
@@ -194,8 +201,8 @@ void add_dup_up(Act& y, const Act& x, int64_t factor_t) {
 }
 
 // Encoder + quant_conv of one image [C_in, H, W] channels-first -> moments [h, w, 2z].
-Act encode_one(const ExecContext& ctx, const Vae::Weights& w, const Config& c, const float* img,
-               int64_t h, int64_t wd, BatchTrace& tr, int64_t b) {
+Act encode_frame(const ExecContext& ctx, const Vae::Weights& w, const Config& c, const float* img,
+                 int64_t h, int64_t wd, BatchTrace& tr, int64_t b) {
   Act x = conv(ctx, w.enc_in, channels_last(img, c.in_channels, h, wd));
   tr.add("encoder.conv_in", x, b);
   for (size_t i = 0; i < w.down.size(); ++i) {
@@ -216,7 +223,7 @@ Act encode_one(const ExecContext& ctx, const Vae::Weights& w, const Config& c, c
 }
 
 // post_quant_conv + decoder of one latent [h, w, z] -> image [16h, 16w, C_out], not clamped.
-Act decode_one(const ExecContext& ctx, const Vae::Weights& w, Act x, BatchTrace& tr, int64_t b) {
+Act decode_frame(const ExecContext& ctx, const Vae::Weights& w, Act x, BatchTrace& tr, int64_t b) {
   x = conv(ctx, w.post_quant, x);
   tr.add("post_quant_conv", x, b);
   x = conv(ctx, w.dec_in, x);
@@ -236,73 +243,39 @@ Act decode_one(const ExecContext& ctx, const Vae::Weights& w, Act x, BatchTrace&
   return x;
 }
 
-}  // namespace
-
-wan_vae::Geometry Vae::geometry() const {
+// What the shared loops need of the config.
+wan_vae::Geometry geometry_of(const Config& c) {
   wan_vae::Geometry g;
-  g.in_channels = cfg_.in_channels;
-  g.out_channels = cfg_.out_channels;
-  g.z_dim = cfg_.z_dim;
-  g.factor = cfg_.scale_factor();
+  g.in_channels = c.in_channels;
+  g.out_channels = c.out_channels;
+  g.z_dim = c.z_dim;
+  g.factor = c.scale_factor();
   // Channels per resolution, full resolution first: encoder level r's resnets widen enc[r] to
   // enc[r+1]; at decoder resolution r the up block that upsamples into it writes dec[L - r - 1]
   // channels and the next one narrows them to dec[L - r].
-  const std::vector<int64_t> enc = encoder_dims(cfg_), dec = decoder_dims(cfg_);
+  const std::vector<int64_t> enc = encoder_dims(c), dec = decoder_dims(c);
   for (size_t r = 0; r + 1 < enc.size(); ++r)
     g.encoder_by_res.push_back(std::max(enc[r], enc[r + 1]));
-  const int64_t nl = cfg_.levels();
+  const int64_t nl = c.levels();
   for (int64_t r = 0; r < nl; ++r)
     g.decoder_by_res.push_back(std::max(dec[size_t(nl - r)], dec[size_t(nl - r - 1)]));
   return g;
 }
 
-void Vae::check_image(const Tensor& img, const std::string& what) const {
+}  // namespace
+
+Act Vae::encode_one(const ExecContext& ctx, const float* image, int64_t h, int64_t w,
+                    BatchTrace& tr, int64_t b) const {
+  return encode_frame(ctx, *w_, cfg_, image, h, w, tr, b);
+}
+
+Act Vae::decode_one(const ExecContext& ctx, Act z, BatchTrace& tr, int64_t b) const {
+  return decode_frame(ctx, *w_, std::move(z), tr, b);
+}
+
+std::string Vae::image_hint(const Tensor& img) const {
   const bool rgb = img.ndim() == 4 && img.dim(1) == 3 && cfg_.in_channels == 4;
-  wan_vae::check_image(geometry(), img, what,
-                       rgb ? " (the Qwen-Image-2.1 VAE reads RGBA: add alpha)" : "");
-}
-
-void Vae::check_latents(const Tensor& z, const std::string& what) const {
-  wan_vae::check_latents(geometry(), z, what);
-}
-
-Tensor Vae::encode_moments(const ExecContext& ctx, const Tensor& img) const {
-  check_image(img, "VAE encode input");
-  return wan_vae::encode_moments(
-      ctx, geometry(), img,
-      [&](const ExecContext& c, const float* x, int64_t h, int64_t w, BatchTrace& tr, int64_t b) {
-        return encode_one(c, *w_, cfg_, x, h, w, tr, b);
-      });
-}
-
-void Vae::normalize(Tensor& x) const {
-  check_latents(x, "VAE latents");
-  wan_vae::normalize(x, cfg_.latents_mean, cfg_.latents_std);
-}
-
-void Vae::denormalize(Tensor& x) const {
-  check_latents(x, "VAE latents");
-  wan_vae::denormalize(x, cfg_.latents_mean, cfg_.latents_std);
-}
-
-Tensor Vae::encode(const ExecContext& ctx, const Tensor& img) const {
-  return wan_vae::mode_normalized(ctx, encode_moments(ctx, img), cfg_.latents_mean,
-                                  cfg_.latents_std);
-}
-
-Tensor Vae::decode(const ExecContext& ctx, const Tensor& latents, const DecodeOptions& o) const {
-  return wan_vae::decode_normalized(ctx, geometry(), latents, o, cfg_.latents_mean,
-                                    cfg_.latents_std, decode_fn());
-}
-
-Tensor Vae::decode_z(const ExecContext& ctx, const Tensor& z, const DecodeOptions& o) const {
-  return wan_vae::decode_z(ctx, geometry(), z, o, decode_fn());
-}
-
-wan_vae::DecodeOne Vae::decode_fn() const {
-  return [this](const ExecContext& c, Act x, BatchTrace& tr, int64_t b) {
-    return decode_one(c, *w_, std::move(x), tr, b);
-  };
+  return rgb ? " (the Qwen-Image-2.1 VAE reads RGBA: add alpha)" : "";
 }
 
 }  // namespace flowkv::qwen21_vae

@@ -172,7 +172,14 @@ int64_t held_bytes_of(const ExpectedTensor& e) {
 
 }  // namespace
 
-Vae::Vae(Config c, std::unique_ptr<Weights> w) : cfg_(std::move(c)), w_(std::move(w)) {}
+namespace {
+wan_vae::Geometry geometry_of(const Config& c);  // below, with the forward
+}  // namespace
+
+Vae::Vae(Config c, std::unique_ptr<Weights> w)
+    : VaeBase(geometry_of(c), c.latents_mean, c.latents_std),
+      cfg_(std::move(c)),
+      w_(std::move(w)) {}
 Vae::Vae(Vae&&) noexcept = default;
 Vae& Vae::operator=(Vae&&) noexcept = default;
 Vae::~Vae() = default;
@@ -216,8 +223,8 @@ namespace {
 
 // Encoder + quant_conv of one image [C, H, W] channels-first -> moments [h, w, 2z]. Traced
 // under diffusers' module names: every entry of the flat encoder.down_blocks list.
-Act encode_one(const ExecContext& ctx, const Vae::Weights& w, const Config& c, const float* img,
-               int64_t h, int64_t wd, BatchTrace& tr, int64_t b) {
+Act encode_frame(const ExecContext& ctx, const Vae::Weights& w, const Config& c, const float* img,
+                 int64_t h, int64_t wd, BatchTrace& tr, int64_t b) {
   Act x = conv(ctx, w.enc_in, channels_last(img, c.input_channels, h, wd));
   tr.add("encoder.conv_in", x, b);
   for (size_t i = 0; i < w.down.size(); ++i) {
@@ -241,7 +248,7 @@ Act encode_one(const ExecContext& ctx, const Vae::Weights& w, const Config& c, c
 }
 
 // post_quant_conv + decoder of one latent [h, w, z] -> image [8h, 8w, C], not clamped.
-Act decode_one(const ExecContext& ctx, const Vae::Weights& w, Act x, BatchTrace& tr, int64_t b) {
+Act decode_frame(const ExecContext& ctx, const Vae::Weights& w, Act x, BatchTrace& tr, int64_t b) {
   x = conv(ctx, w.post_quant, x);
   tr.add("post_quant_conv", x, b);
   x = conv(ctx, w.dec_in, x);
@@ -259,74 +266,40 @@ Act decode_one(const ExecContext& ctx, const Vae::Weights& w, Act x, BatchTrace&
   return x;
 }
 
-}  // namespace
-
-wan_vae::Geometry Vae::geometry() const {
+// What the shared loops need of the config.
+wan_vae::Geometry geometry_of(const Config& c) {
   wan_vae::Geometry g;
-  g.in_channels = cfg_.input_channels;
-  g.out_channels = cfg_.input_channels;
-  g.z_dim = cfg_.z_dim;
-  g.factor = cfg_.scale_factor();
+  g.in_channels = c.input_channels;
+  g.out_channels = c.input_channels;
+  g.z_dim = c.z_dim;
+  g.factor = c.scale_factor();
   // The widest activation per resolution, full resolution first. Encoder level r: enc[r] ->
   // enc[r + 1]. Decoder up block i runs at resolution L - 1 - i, from up_block_in(i) to
   // dec[i + 1] channels (its upsampler's half lands where the next block reads it).
-  const std::vector<int64_t> enc = encoder_dims(cfg_), dec = decoder_dims(cfg_);
-  const int64_t nl = cfg_.levels();
+  const std::vector<int64_t> enc = encoder_dims(c), dec = decoder_dims(c);
+  const int64_t nl = c.levels();
   g.decoder_by_res.resize(size_t(nl));
   for (int64_t r = 0; r < nl; ++r) {
     g.encoder_by_res.push_back(std::max(enc[size_t(r)], enc[size_t(r + 1)]));
-    g.decoder_by_res[size_t(nl - 1 - r)] = std::max(up_block_in(cfg_, r), dec[size_t(r + 1)]);
+    g.decoder_by_res[size_t(nl - 1 - r)] = std::max(up_block_in(c, r), dec[size_t(r + 1)]);
   }
   return g;
 }
 
-void Vae::check_image(const Tensor& img, const std::string& what) const {
+}  // namespace
+
+Act Vae::encode_one(const ExecContext& ctx, const float* image, int64_t h, int64_t w,
+                    BatchTrace& tr, int64_t b) const {
+  return encode_frame(ctx, *w_, cfg_, image, h, w, tr, b);
+}
+
+Act Vae::decode_one(const ExecContext& ctx, Act z, BatchTrace& tr, int64_t b) const {
+  return decode_frame(ctx, *w_, std::move(z), tr, b);
+}
+
+std::string Vae::image_hint(const Tensor& img) const {
   const bool rgba = img.ndim() == 4 && img.dim(1) == 4 && cfg_.input_channels == 3;
-  wan_vae::check_image(geometry(), img, what,
-                       rgba ? " (the Qwen-Image VAE reads RGB: drop alpha)" : "");
-}
-
-void Vae::check_latents(const Tensor& z, const std::string& what) const {
-  wan_vae::check_latents(geometry(), z, what);
-}
-
-Tensor Vae::encode_moments(const ExecContext& ctx, const Tensor& img) const {
-  check_image(img, "VAE encode input");
-  return wan_vae::encode_moments(
-      ctx, geometry(), img,
-      [&](const ExecContext& c, const float* x, int64_t h, int64_t w, BatchTrace& tr, int64_t b) {
-        return encode_one(c, *w_, cfg_, x, h, w, tr, b);
-      });
-}
-
-void Vae::normalize(Tensor& x) const {
-  check_latents(x, "VAE latents");
-  wan_vae::normalize(x, cfg_.latents_mean, cfg_.latents_std);
-}
-
-void Vae::denormalize(Tensor& x) const {
-  check_latents(x, "VAE latents");
-  wan_vae::denormalize(x, cfg_.latents_mean, cfg_.latents_std);
-}
-
-Tensor Vae::encode(const ExecContext& ctx, const Tensor& img) const {
-  return wan_vae::mode_normalized(ctx, encode_moments(ctx, img), cfg_.latents_mean,
-                                  cfg_.latents_std);
-}
-
-Tensor Vae::decode(const ExecContext& ctx, const Tensor& latents, const DecodeOptions& o) const {
-  return wan_vae::decode_normalized(ctx, geometry(), latents, o, cfg_.latents_mean,
-                                    cfg_.latents_std, decode_fn());
-}
-
-Tensor Vae::decode_z(const ExecContext& ctx, const Tensor& z, const DecodeOptions& o) const {
-  return wan_vae::decode_z(ctx, geometry(), z, o, decode_fn());
-}
-
-wan_vae::DecodeOne Vae::decode_fn() const {
-  return [this](const ExecContext& c, Act x, BatchTrace& tr, int64_t b) {
-    return decode_one(c, *w_, std::move(x), tr, b);
-  };
+  return rgba ? " (the Qwen-Image VAE reads RGB: drop alpha)" : "";
 }
 
 }  // namespace flowkv::qwen_vae

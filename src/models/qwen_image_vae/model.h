@@ -46,7 +46,9 @@ Tensor unpack(const Tensor& tokens, int64_t h, int64_t w);
 // [-1, 1] too (the pipelines' postprocess clamps anyway).
 using DecodeOptions = wan_vae::DecodeOptions;
 
-class Vae {
+// encode, encode_moments, decode, decode_z, normalize, denormalize, check_image and
+// check_latents: wan_vae::VaeBase.
+class Vae : public wan_vae::VaeBase {
  public:
   Vae(Vae&&) noexcept;
   Vae& operator=(Vae&&) noexcept;
@@ -67,32 +69,15 @@ class Vae {
   int64_t weight_bytes() const;
   int64_t held_bytes() const { return weight_bytes(); }
 
-  // image [B, C, H, W] in [-1, 1] -> normalised latents [B, z, H/8, W/8].
-  Tensor encode(const ExecContext& ctx, const Tensor& image) const;
-  // image -> the posterior's parameters [B, 2z, H/8, W/8] (mean, then log-variance, not
-  // clamped), as vae.encode(x).latent_dist.parameters without the frame axis.
-  Tensor encode_moments(const ExecContext& ctx, const Tensor& image) const;
-  // Normalised latents [B, z, h, w] -> image [B, C, 8h, 8w] clamped to [-1, 1].
-  Tensor decode(const ExecContext& ctx, const Tensor& latents, const DecodeOptions& o = {}) const;
-  // Raw latents (denormalised) -> image, as vae.decode.
-  Tensor decode_z(const ExecContext& ctx, const Tensor& z, const DecodeOptions& o = {}) const;
-
-  // The per-channel normalisation alone, in place on [B, z, h, w]: (x - mean) / std and back
-  // (x * std + mean), in f32 as the pipelines compute them.
-  void normalize(Tensor& x) const;
-  void denormalize(Tensor& x) const;
-
-  // Checks an image batch (shape, dtype, channels, multiple of the scale factor, size limits);
-  // `what` names it in the error.
-  void check_image(const Tensor& image, const std::string& what) const;
-  // Checks a latent batch [B, z, h, w]; `what` names it.
-  void check_latents(const Tensor& latents, const std::string& what) const;
-
   struct Weights;  // opaque: the loaded layers (model.cc)
 
  private:
-  wan_vae::Geometry geometry() const;
-  wan_vae::DecodeOne decode_fn() const;
+  using Act = wan_vae::Act;
+  using BatchTrace = wan_vae::BatchTrace;
+  Act encode_one(const ExecContext& ctx, const float* image, int64_t h, int64_t w, BatchTrace& tr,
+                 int64_t b) const override;
+  Act decode_one(const ExecContext& ctx, Act z, BatchTrace& tr, int64_t b) const override;
+  std::string image_hint(const Tensor& image) const override;
   Vae(Config c, std::unique_ptr<Weights> w);
   Config cfg_;
   std::unique_ptr<Weights> w_;
