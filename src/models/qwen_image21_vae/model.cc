@@ -114,10 +114,9 @@ std::unique_ptr<Vae::Weights> build(const Config& c, const Getter& get) {
   return w;
 }
 
-}  // namespace
+// What the shared loops need of the config (below, with the forward).
+wan_vae::Geometry geometry_of(const Config& c);
 
-namespace {
-wan_vae::Geometry geometry_of(const Config& c);  // below, with the forward
 }  // namespace
 
 Vae::Vae(Config c, std::unique_ptr<Weights> w)

@@ -170,10 +170,9 @@ int64_t held_bytes_of(const ExpectedTensor& e) {
   return shape_numel(e.shape) / (e.shape.size() == 5 ? e.shape[2] : 1) * 4;
 }
 
-}  // namespace
+// What the shared loops need of the config (below, with the forward).
+wan_vae::Geometry geometry_of(const Config& c);
 
-namespace {
-wan_vae::Geometry geometry_of(const Config& c);  // below, with the forward
 }  // namespace
 
 Vae::Vae(Config c, std::unique_ptr<Weights> w)
