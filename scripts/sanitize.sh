@@ -16,8 +16,9 @@ exclude='^format$'
 # The library and the test programs of what meets hostile input or indexes memory: parsers,
 # kernels, threads and the hostile-file suites. The golden-parity programs (the transformers',
 # the text encoders', the VAEs', the exact caches' and the pipelines': flux2_golden,
-# flux2_model, qwen_golden, qwen21, qwen3, qwen3_vl_*, qwen25_vl_vision, flux2_vae, qwen21_vae,
-# klein_kv, step_cache, family, family_denoise, int8, random, generate, klein_pipeline, qwen21_pipeline)
+# flux2_model, qwen_golden, qwen21, qwen3, qwen3_vl_*, qwen25_vl_*, flux2_vae, qwen21_vae,
+# qwen_image_vae, klein_kv, step_cache, family, family_denoise, int8, random, generate,
+# klein_pipeline, qwen21_pipeline, qwen_image_pipeline)
 # run in the normal build only: compiling them under ASan took CI past 30 minutes on 2 cores.
 # Their parsers are fuzzed under ASan + UBSan (scripts/fuzz.sh), and the kernels they run are
 # exercised here through ops_test and thread_test. Their gtest entries show as *_NOT_BUILT here.

@@ -5,6 +5,7 @@
 #include "core/boundary.h"
 #include "flowkv/error.h"
 #include "flowkv/limits.h"
+#include "models/common/wan_vae.h"
 
 namespace flowkv::qwen21_vae {
 
@@ -13,28 +14,6 @@ namespace {
 constexpr int64_t kMaxLevels = 12;
 constexpr int64_t kMaxResBlocks = 64;
 constexpr int64_t kMaxMult = 1024;
-
-std::vector<int64_t> int_list(const Json& v, const char* key, int64_t hi, const std::string& src) {
-  FLOWKV_CHECK(v.is_array() && !v.empty() && static_cast<int64_t>(v.size()) <= kMaxLevels, src,
-               ": ", key, " must be a list of 1 to ", kMaxLevels, " integers");
-  std::vector<int64_t> out;
-  for (const Json& x : v) out.push_back(json_int_value(x, 1, hi, src + ": " + key));
-  return out;
-}
-
-std::vector<float> float_list(const Json& v, const char* key, const std::string& src) {
-  FLOWKV_CHECK(v.is_array() && static_cast<int64_t>(v.size()) <= limits::kMaxWidth, src, ": ", key,
-               " must be a list of numbers");
-  std::vector<float> out;
-  for (const Json& x : v) {
-    FLOWKV_CHECK(x.is_number(), src, ": ", key, " holds a value that is not a number");
-    const double d = x.get<double>();
-    FLOWKV_CHECK(std::isfinite(d) && std::fabs(d) < 1e30, src, ": ", key, " holds ", d,
-                 ", not a finite f32");
-    out.push_back(static_cast<float>(d));  // torch.tensor(list) makes f32, rounding to nearest
-  }
-  return out;
-}
 
 Config from_json_unguarded(const Json& j, const std::string& src) {
   FLOWKV_CHECK(j.is_object(), src, ": config is not a JSON object");
@@ -49,18 +28,12 @@ Config from_json_unguarded(const Json& j, const std::string& src) {
                            : size("decoder_base_dim", c.decoder_base_dim, limits::kMaxWidth);
   c.z_dim = size("z_dim", c.z_dim, limits::kMaxWidth);
   if (j.contains("dim_mult") && !j["dim_mult"].is_null()) {
-    c.dim_mult = int_list(j["dim_mult"], "dim_mult", kMaxMult, src);
+    c.dim_mult = wan_vae::json_int_list(j["dim_mult"], "dim_mult", kMaxLevels, kMaxMult, src);
   }
   c.num_res_blocks = size("num_res_blocks", c.num_res_blocks, kMaxResBlocks);
   if (j.contains("temperal_downsample") && !j["temperal_downsample"].is_null()) {
-    const Json& v = j["temperal_downsample"];
-    FLOWKV_CHECK(v.is_array() && static_cast<int64_t>(v.size()) <= kMaxLevels, src,
-                 ": temperal_downsample must be a list of at most ", kMaxLevels, " booleans");
-    c.temperal_downsample.clear();
-    for (const Json& x : v) {
-      FLOWKV_CHECK(x.is_boolean(), src, ": temperal_downsample entries must be true or false");
-      c.temperal_downsample.push_back(x.get<bool>());
-    }
+    c.temperal_downsample =
+        wan_vae::json_bool_list(j["temperal_downsample"], "temperal_downsample", kMaxLevels, src);
   }
   if (j.contains("attn_scales") && !j["attn_scales"].is_null()) {
     const Json& v = j["attn_scales"];
@@ -80,10 +53,10 @@ Config from_json_unguarded(const Json& j, const std::string& src) {
   }
   c.scale_factor_temporal = size("scale_factor_temporal", c.scale_factor_temporal, 1024);
   if (j.contains("latents_mean") && !j["latents_mean"].is_null()) {
-    c.latents_mean = float_list(j["latents_mean"], "latents_mean", src);
+    c.latents_mean = wan_vae::json_float_list(j["latents_mean"], "latents_mean", src);
   }
   if (j.contains("latents_std") && !j["latents_std"].is_null()) {
-    c.latents_std = float_list(j["latents_std"], "latents_std", src);
+    c.latents_std = wan_vae::json_float_list(j["latents_std"], "latents_std", src);
   }
   c.validate(src);
   // scale_factor_spatial sizes diffusers' tiles (tile_sample_min // it): it must be the real

@@ -20,9 +20,6 @@
 //
 // The transformer reads tokens: pack() turns [B, C, h, w] into [B, h*w, C] (_pack_latents) and
 // unpack() inverts it (_unpack_latents without the frame axis).
-//
-// Activations are channels-last ([H, W, C], one image of the batch at a time), as the
-// convolution GEMM and attention read them. Weights are widened to f32 at load.
 #pragma once
 
 #include <map>
@@ -31,6 +28,7 @@
 
 #include "core/exec_context.h"
 #include "flowkv/tensor.h"
+#include "models/common/wan_vae.h"
 #include "models/qwen_image21_vae/config.h"
 
 namespace flowkv::qwen21_vae {
@@ -39,22 +37,12 @@ namespace flowkv::qwen21_vae {
 Tensor pack(const Tensor& x);
 Tensor unpack(const Tensor& tokens, int64_t h, int64_t w);
 
-// Tiled decode, as diffusers' AutoencoderKLQwenImage21.tiled_decode after
-// enable_tiling(tile_sample_min_height, ...): the latent is cut into tiles of
-// tile_sample_min / 16 latent pixels every tile_sample_stride / 16; each tile is decoded alone,
-// blended linearly into its upper and left neighbours over (min - stride) pixels (blend_v /
-// blend_h), cropped to stride pixels, and the image is clamped. Tiles are used only when the
-// latent is larger than one tile. Sizes in pixels must be multiples of the scale factor, with
-// stride <= min. Memory: one row of decoded tiles plus the output image.
-struct DecodeOptions {
-  bool tiled = false;
-  int64_t tile_sample_min_height = 256;  // diffusers' defaults
-  int64_t tile_sample_min_width = 256;
-  int64_t tile_sample_stride_height = 192;
-  int64_t tile_sample_stride_width = 192;
-};
+// Tiled decode as diffusers' AutoencoderKLQwenImage21.tiled_decode (models/common/wan_vae.h).
+using DecodeOptions = wan_vae::DecodeOptions;
 
-class Vae {
+// encode, encode_moments, decode, decode_z, normalize, denormalize, check_image and
+// check_latents: wan_vae::VaeBase.
+class Vae : public wan_vae::VaeBase {
  public:
   Vae(Vae&&) noexcept;
   Vae& operator=(Vae&&) noexcept;
@@ -71,32 +59,15 @@ class Vae {
   const Config& config() const { return cfg_; }
   int64_t held_bytes() const;
 
-  // image [B, C_in, H, W] in [-1, 1] -> normalised latents [B, z, H/16, W/16].
-  Tensor encode(const ExecContext& ctx, const Tensor& image) const;
-  // image -> the posterior's parameters [B, 2z, H/16, W/16] (mean, then log-variance, not
-  // clamped), as vae.encode(x).latent_dist.parameters without the frame axis.
-  Tensor encode_moments(const ExecContext& ctx, const Tensor& image) const;
-  // Normalised latents [B, z, h, w] -> image [B, C_out, 16h, 16w] clamped to [-1, 1].
-  Tensor decode(const ExecContext& ctx, const Tensor& latents, const DecodeOptions& o = {}) const;
-  // Raw latents (denormalised) -> image, as vae.decode.
-  Tensor decode_z(const ExecContext& ctx, const Tensor& z, const DecodeOptions& o = {}) const;
-
-  // The per-channel normalisation alone, in place on [B, z, h, w]: (x - mean) / std and back
-  // (x * std + mean), in f32 as the pipeline computes them.
-  void normalize(Tensor& x) const;
-  void denormalize(Tensor& x) const;
-
-  // Checks an image batch (shape, dtype, channels, multiple of the scale factor, size limits);
-  // `what` names it in the error.
-  void check_image(const Tensor& image, const std::string& what) const;
-  // Checks a latent batch [B, z, h, w]; `what` names it.
-  void check_latents(const Tensor& latents, const std::string& what) const;
-
   struct Weights;  // opaque: the loaded layers (model.cc)
 
  private:
-  template <class F>
-  void per_channel(Tensor& x, F&& f) const;
+  using Act = wan_vae::Act;
+  using BatchTrace = wan_vae::BatchTrace;
+  Act encode_one(const ExecContext& ctx, const float* image, int64_t h, int64_t w, BatchTrace& tr,
+                 int64_t b) const override;
+  Act decode_one(const ExecContext& ctx, Act z, BatchTrace& tr, int64_t b) const override;
+  std::string image_hint(const Tensor& image) const override;
   Vae(Config c, std::unique_ptr<Weights> w);
   Config cfg_;
   std::unique_ptr<Weights> w_;

@@ -1,38 +1,8 @@
 #include "models/qwen_image21_vae/weights.h"
 
+#include "models/common/wan_vae.h"
+
 namespace flowkv::qwen21_vae {
-
-namespace {
-
-struct Table {
-  std::vector<ExpectedTensor> t;
-  void add(const std::string& n, Shape s) { t.push_back({n, std::move(s)}); }
-  void conv(const std::string& p, int64_t cout, int64_t cin, int64_t k) {
-    add(p + ".weight", {cout, cin, k, k});
-    add(p + ".bias", {cout});
-  }
-  // QwenImage21RMS_norm: gamma [C, 1, 1, 1] (images=False) or [C, 1, 1] (images=True).
-  void norm(const std::string& p, int64_t c, bool images = false) {
-    add(p + ".gamma", images ? Shape{c, 1, 1} : Shape{c, 1, 1, 1});
-  }
-  void resnet(const std::string& p, int64_t cin, int64_t cout) {
-    norm(p + ".norm1", cin);
-    conv(p + ".conv1", cout, cin, 3);
-    norm(p + ".norm2", cout);
-    conv(p + ".conv2", cout, cout, 3);
-    if (cin != cout) conv(p + ".conv_shortcut", cout, cin, 1);
-  }
-  void mid(const std::string& p, int64_t c) {
-    resnet(p + ".resnets.0", c, c);
-    const std::string a = p + ".attentions.0";
-    norm(a + ".norm", c, true);
-    conv(a + ".to_qkv", 3 * c, c, 1);
-    conv(a + ".proj", c, c, 1);
-    resnet(p + ".resnets.1", c, c);
-  }
-};
-
-}  // namespace
 
 std::vector<int64_t> encoder_dims(const Config& c) {
   std::vector<int64_t> d = {c.base_dim};
@@ -48,7 +18,7 @@ std::vector<int64_t> decoder_dims(const Config& c) {
 }
 
 std::vector<ExpectedTensor> weight_table(const Config& c) {
-  Table t;
+  wan_vae::WeightTable t;
   const int64_t n = c.levels(), z = c.z_dim;
   const std::vector<int64_t> enc = encoder_dims(c), dec = decoder_dims(c);
   t.conv("encoder.conv_in", enc[0], c.in_channels, 3);
