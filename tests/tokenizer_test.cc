@@ -615,12 +615,12 @@ TEST(Qwen2Files, AFolderWithoutTheFilesIsAnErrorNamingThem) {
 
 // The cases of python/ref/dump_qwen2_slow_tokenizer.py: transformers 5.24's Qwen2Tokenizer
 // from tiny folders (added_tokens_decoder order and flags, named special tokens outside it and
-// their flags, a vocabulary token added, merges.txt with "#version" lines, CRLF, no final newline
-// and a pair merged twice).
+// their flags and order, a vocabulary token added, merges.txt with "#version" lines, CRLF, no
+// final newline and a pair merged twice).
 TEST(Qwen2Files, TinyCasesEqualTransformers) {
   const std::string root = FLOWKV_GOLDEN_DIR "/tokenizer/qwen2_slow";
   const Json expected = read_json_file(root + "/expected.json");
-  ASSERT_EQ(expected["cases"].size(), 3u);
+  ASSERT_EQ(expected["cases"].size(), 4u);
   for (const auto& [name, c] : expected["cases"].items()) {
     SCOPED_TRACE(name);
     const Tokenizer t = Tokenizer::from_folder(root + "/" + name);
@@ -789,6 +789,15 @@ TEST(Qwen2Files, MalformedFilesAreErrorsNamingTheFileAndField) {
   expect_slow_error(with_added("269", {{"lstrip", true}}), "field \"content\" must be a string");
   expect_slow_error(with_config("eos_token", 7),
                     "dir/tokenizer_config.json: eos_token must be a string, an AddedToken");
+  // Two new model-specific tokens: transformers numbers them in the file's order, which the
+  // parsed JSON does not keep.
+  f = tiny_slow();
+  f.config["z_token"] = "<Z>";
+  f.config["a_token"] = "<A>";
+  expect_slow_error(f, "is a second model-specific *_token outside added_tokens_decoder");
+  f.config["a_token"] = "<|im_end|>";  // one new token, one already added: fine
+  EXPECT_EQ(Tokenizer::from_qwen2_files(f.vocab, f.merges, f.config.dump(), "dir").token_id("<Z>"),
+            269);
   expect_slow_error(with_config("additional_special_tokens", "x"),
                     "additional_special_tokens must be a list");
   // Sizes past the limits, before anything is allocated for them.

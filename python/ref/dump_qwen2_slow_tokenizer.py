@@ -61,7 +61,7 @@ def added(content, special, **flags):
     return d
 
 
-TEXTS = ["abc", "abcab cab", "a b c", "<|im_start|>user\nabc<|im_end|>\n", "x <L>y  <R>  z",
+TEXTS = ["abc", "<B><E><P><M><X><img>", "abcab cab", "a b c", "<|im_start|>user\nabc<|im_end|>\n", "x <L>y  <R>  z",
          "word words aword", "e\u0301! \u00e9!", "<|endoftext|><extra><img>", "<EOS> <EOS>",
          "It's WE'LL 12345 \r\n\n  tabs\t\tend  "]
 
@@ -122,6 +122,18 @@ CASES = {
                           "special": True},
             "pad_token": "<|endoftext|>", "unk_token": None,
         }),
+    # Named tokens all new, in a file order other than transformers' (bos, eos, unk, sep, pad,
+    # cls, mask, then model-specific ones, then extra_special_tokens), an empty
+    # added_tokens_decoder, extra_special_tokens as an object.
+    "named_order": dict(
+        vocab=base_vocab(EXTRA),
+        merges="#version: 0.2\n" + "\n".join(MERGES) + "\n",
+        config={
+            "added_tokens_decoder": {},
+            "pad_token": "<P>", "mask_token": "<M>", "extra_special_tokens": {"x": "<X>"},
+            "eos_token": "<E>", "bos_token": "<B>", "unk_token": None, "image_token": "<img>",
+            "tokenizer_class": "Qwen2Tokenizer",
+        }),
 }
 
 
@@ -167,6 +179,10 @@ def main():
 
     if os.path.isdir(args.out):
         shutil.rmtree(args.out)
+    os.makedirs(args.out)
+    with open(os.path.join(args.out, ".gitattributes"), "w") as f:
+        f.write("# Byte-exact: merges.txt of qwen_layout has CRLF line ends on purpose (the loader "
+                "must read them).\n* -text\n")
     expected = {"versions": versions(), "texts": TEXTS, "cases": {}}
     for name, case in CASES.items():
         d = os.path.join(args.out, name)

@@ -534,7 +534,14 @@ void Tokenizer::Impl::load_qwen2(const std::string& vocab_json, const std::strin
     FLOWKV_CHECK(i == 0 || by_id[i - 1].first != id, w, ": the id is given twice");
     add_token(added_token(*e, id, false, w), w);
   }
-  std::vector<std::pair<std::string, const Json*>> named;  // (field, value)
+  // (field, value, group): group 1 and 2 are read from JSON objects, whose order flowkv's JSON
+  // does not keep (transformers adds them in the file's order), so each may add one new token.
+  struct Named {
+    std::string key;
+    const Json* value;
+    int group;
+  };
+  std::vector<Named> named;
   const Json endoftext = "<|endoftext|>";
   for (const char* key : {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
                           "cls_token", "mask_token"}) {
@@ -542,15 +549,15 @@ void Tokenizer::Impl::load_qwen2(const std::string& vocab_json, const std::strin
                                std::string_view(key) == "unk_token" ||
                                std::string_view(key) == "pad_token";
     if (config.contains(key))
-      named.emplace_back(key, &config[key]);
+      named.push_back({key, &config[key], 0});
     else if (qwen2_default)
-      named.emplace_back(key, &endoftext);
+      named.push_back({key, &endoftext, 0});
   }
   for (const auto& [key, value] : config.items()) {
     if (key.ends_with("_token") && key != "bos_token" && key != "eos_token" && key != "unk_token" &&
         key != "sep_token" && key != "pad_token" && key != "cls_token" && key != "mask_token" &&
         value.is_string()) {
-      named.emplace_back(key, &value);  // a model-specific token ("image_token")
+      named.push_back({key, &value, 1});  // a model-specific token ("image_token")
     }
   }
   for (const char* key : {"extra_special_tokens", "additional_special_tokens"}) {
@@ -562,13 +569,15 @@ void Tokenizer::Impl::load_qwen2(const std::string& vocab_json, const std::strin
                  " must be a list (or an object of named tokens)");
     FLOWKV_CHECK(static_cast<int64_t>(list.size()) <= limits::kMaxAddedTokens, config_path, ": ",
                  key, ": more than ", limits::kMaxAddedTokens, " tokens");
-    for (const auto& [unused, value] : list.items()) named.emplace_back(key, &value);
+    for (const auto& [unused, value] : list.items())
+      named.push_back({key, &value, list.is_object() ? 2 : 0});
     break;  // transformers reads additional_special_tokens only without extra_special_tokens
   }
   // Each named token is (re-)added as AddedToken(content, special=True): one already added
   // keeps its id but takes these flags (`tokenizers` replaces a token added again with other
   // flags), so a lstrip in added_tokens_decoder or in an AddedToken object is dropped.
-  for (const auto& [key, value] : named) {
+  int new_in_group[3] = {};
+  for (const auto& [key, value, group] : named) {
     if (value->is_null()) continue;
     const std::string w = config_path + ": " + key;
     FLOWKV_CHECK(value->is_string() || value->is_object(), w,
@@ -584,6 +593,11 @@ void Tokenizer::Impl::load_qwen2(const std::string& vocab_json, const std::strin
       t.id = old.id;
       old = std::move(t);
     } else {
+      FLOWKV_CHECK(group == 0 || ++new_in_group[group] == 1, w, ": \"", t.content,
+                   "\" is a second ",
+                   group == 1 ? "model-specific *_token" : "extra_special_tokens entry",
+                   " outside added_tokens_decoder; their ids depend on the order in the file, "
+                   "which flowkv does not keep (add them to added_tokens_decoder)");
       add_token(std::move(t), w);
     }
   }
