@@ -1,14 +1,22 @@
 // The Qwen3 tokenizer (src/text/) against the pinned `tokenizers` and transformers packages on
 // the golden corpus of python/ref/make_tokenizer_corpus.py (plain ids, the FLUX.2 Klein prompt's
-// ids and mask, decode), and every refusal of a malformed tokenizer.json or text.
+// ids and mask, decode), and every refusal of a malformed tokenizer.json or text. Then
+// Qwen2Tokenizer's files (vocab.json + merges.txt + tokenizer_config.json, from_folder): the
+// Qwen3 tokenizer written as those files gives the tokenizer.json's ids on the corpus, the tiny
+// cases of python/ref/dump_qwen2_slow_tokenizer.py give transformers' tokens and ids, and every
+// malformed file is refused.
 #include <gtest/gtest.h>
+
+#include <unistd.h>
 
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <thread>
 
 #include "flowkv/error.h"
+#include "flowkv/io.h"
 #include "flowkv/limits.h"
 #include "io/json.h"
 #include "text/tokenizer.h"
@@ -453,6 +461,353 @@ TEST(Tokenizer, MalformedJsonIsAnErrorNamingTheField) {
   j = minimal();
   j["added_tokens"][0]["special"] = "yes";
   expect_error(j, "added_tokens[0]: field \"special\" must be true or false");
+}
+
+// A pair merged twice keeps its last rank, as `tokenizers` 0.23.3 builds its merge map (from a
+// tokenizer.json and from merges.txt alike): with "b c", "a b", "b c", "abc" is "ab" + "c".
+TEST(Tokenizer, APairMergedTwiceKeepsItsLastRank) {
+  Json j = minimal();
+  j["model"]["vocab"]["bc"] = 258;
+  j["model"]["vocab"]["<s>"] = 257;
+  j["model"]["merges"] = Json::array({"b c", "a b", "b c"});
+  EXPECT_EQ(Tokenizer::from_json(j.dump(), "tok.json").encode("abc"),
+            (std::vector<int32_t>{256, 'c'}));
+  j["model"]["merges"] = Json::array({"a b", "b c", "a b"});
+  EXPECT_EQ(Tokenizer::from_json(j.dump(), "tok.json").encode("abc"),
+            (std::vector<int32_t>{'a', 258}));
+}
+
+// ---- Qwen2Tokenizer's files ----
+
+namespace fs = std::filesystem;
+
+void write_text(const fs::path& p, const std::string& s) {
+  std::ofstream f(p, std::ios::binary | std::ios::trunc);
+  f << s;
+  ASSERT_TRUE(f.good()) << "cannot write " << p;
+}
+std::string read_text(const fs::path& p) {
+  return read_file(p.string(), limits::kMaxJsonFileBytes);
+}
+
+// A folder of this process under the test's temporary folder, removed at exit.
+struct TempFolder {
+  fs::path path;
+  explicit TempFolder(const std::string& name)
+      : path(fs::path(testing::TempDir()) /
+             ("flowkv-" + name + "-" + std::to_string(static_cast<long>(getpid())))) {
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempFolder() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+// The Qwen3 tokenizer as the Qwen2Tokenizer files of a released pipeline folder, derived from the
+// unpacked tokenizer.json as transformers' slow Qwen2Tokenizer saves them: vocab.json its
+// model.vocab, merges.txt "#version: 0.2" and one "a b" line a merge in rank order, and the
+// package's own tokenizer_config.json (added_tokens_decoder, tokenizer_class Qwen2Tokenizer).
+// (transformers 5.24 builds from these files the very tokenizer of the tokenizer.json, post-
+// processor aside: python/ref/dump_qwen2_slow_tokenizer.py --check-qwen3.)
+const TempFolder& qwen3_slow_folder() {
+  static const TempFolder dir = [] {
+    TempFolder d("qwen3-slow");
+    const Json j = read_json_file(kDir + "/tokenizer.json");
+    write_text(d.path / "vocab.json", j["model"]["vocab"].dump());
+    std::string merges = "#version: 0.2\n";
+    for (const Json& m : j["model"]["merges"])
+      merges += m[0].get<std::string>() + " " + m[1].get<std::string>() + "\n";
+    write_text(d.path / "merges.txt", merges);
+    write_text(d.path / "tokenizer_config.json", read_text(kDir + "/tokenizer_config.json"));
+    return d;
+  }();
+  return dir;
+}
+const Tokenizer& qwen3_slow() {
+  static const Tokenizer t = Tokenizer::from_folder(qwen3_slow_folder().path.string());
+  return t;
+}
+
+TEST(Qwen2Files, CorpusIdsEqualTheTokenizerJson) {
+  int same_as_json = 0, same_as_golden = 0, klein_same = 0, shown_failures = 0;
+  const Corpus& c = corpus();
+  for (const Record& r : c.records) {
+    const std::vector<int32_t> got = qwen3_slow().encode(r.text);
+    same_as_json += got == qwen3().encode(r.text);
+    same_as_golden += got == r.ids;
+    klein_same += klein_prompt_tokens(qwen3_slow(), r.text, c.max_length).ids ==
+                  klein_prompt_tokens(qwen3(), r.text, c.max_length).ids;
+    if (got != r.ids && ++shown_failures <= 10) ADD_FAILURE() << "prompt " << shown(r.text);
+  }
+  const int n = static_cast<int>(c.records.size());
+  EXPECT_EQ(same_as_json, n);
+  EXPECT_EQ(same_as_golden, n);
+  EXPECT_EQ(klein_same, n);
+  std::printf(
+      "Qwen2Tokenizer files: %d/%d prompts give the tokenizer.json's ids, %d/%d the golden "
+      "ids, %d/%d the same Klein prompt\n",
+      same_as_json, n, same_as_golden, n, klein_same, n);
+}
+
+TEST(Qwen2Files, VocabularyAddedTokensAndDecodeEqualTheTokenizerJson) {
+  const Tokenizer& a = qwen3_slow();
+  const Tokenizer& b = qwen3();
+  ASSERT_EQ(a.vocab_size(), b.vocab_size());
+  for (int32_t id = 0; id < b.vocab_size(); ++id) {
+    ASSERT_EQ(a.id_token(id), b.id_token(id)) << id;
+    ASSERT_EQ(a.is_special(id), b.is_special(id)) << id;
+  }
+  for (const Record& r : corpus().records) {
+    ASSERT_EQ(a.decode(r.ids), b.decode(r.ids));
+    ASSERT_EQ(a.decode(r.ids, true), b.decode(r.ids, true));
+  }
+}
+
+TEST(Qwen2Files, FromFolderPrefersTheTokenizerJson) {
+  // The unpacked Qwen3 folder holds tokenizer.json and tokenizer_config.json only.
+  const Tokenizer t = Tokenizer::from_folder(kDir);
+  EXPECT_EQ(t.vocab_size(), qwen3().vocab_size());
+  EXPECT_EQ(t.encode("a photo of a cat<|im_end|>"), qwen3().encode("a photo of a cat<|im_end|>"));
+  // A broken tokenizer.json is its error, not a fall-back to the other files.
+  const TempFolder d("qwen2-prefer");
+  for (const char* f : {"vocab.json", "merges.txt", "tokenizer_config.json"})
+    fs::copy_file(qwen3_slow_folder().path / f, d.path / f);
+  write_text(d.path / "tokenizer.json", "{");
+  try {
+    Tokenizer::from_folder(d.path.string());
+    ADD_FAILURE() << "a broken tokenizer.json was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tokenizer.json"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Qwen2Files, AFolderWithoutTheFilesIsAnErrorNamingThem) {
+  const TempFolder d("qwen2-missing");
+  auto expect_missing = [&](const std::string& needle) {
+    try {
+      Tokenizer::from_folder(d.path.string());
+      ADD_FAILURE() << "accepted; expected an error with \"" << needle << "\"";
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find(d.path.string() + ": no tokenizer.json, and no Qwen2Tokenizer files"),
+                std::string::npos)
+          << m;
+      EXPECT_NE(m.find(needle), std::string::npos) << m;
+    }
+  };
+  expect_missing("missing: vocab.json, merges.txt, tokenizer_config.json)");
+  write_text(d.path / "vocab.json", "{}");
+  expect_missing("missing: merges.txt, tokenizer_config.json)");
+  write_text(d.path / "merges.txt", "");
+  expect_missing("missing: tokenizer_config.json)");
+  EXPECT_THROW(Tokenizer::from_folder((d.path / "nonexistent").string()), Error);
+  // A folder where a file should be: read_file's error.
+  fs::create_directories(d.path / "tokenizer_config.json");
+  try {
+    Tokenizer::from_folder(d.path.string());
+    ADD_FAILURE() << "a folder was read as tokenizer_config.json";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tokenizer_config.json"), std::string::npos) << e.what();
+  }
+}
+
+// The cases of python/ref/dump_qwen2_slow_tokenizer.py: transformers 5.24's Qwen2Tokenizer
+// from tiny folders (added_tokens_decoder order and flags, named special tokens outside it and
+// their flags and order, a vocabulary token added, merges.txt with "#version" lines, CRLF, no
+// final newline and a pair merged twice).
+TEST(Qwen2Files, TinyCasesEqualTransformers) {
+  const std::string root = FLOWKV_GOLDEN_DIR "/tokenizer/qwen2_slow";
+  const Json expected = read_json_file(root + "/expected.json");
+  ASSERT_EQ(expected["cases"].size(), 4u);
+  for (const auto& [name, c] : expected["cases"].items()) {
+    SCOPED_TRACE(name);
+    const Tokenizer t = Tokenizer::from_folder(root + "/" + name);
+    EXPECT_EQ(t.vocab_size(), c["len"].get<int64_t>());
+    for (const Json& a : c["added"]) {
+      const auto id = a["id"].get<int32_t>();
+      const auto content = a["content"].get<std::string>();
+      EXPECT_EQ(t.token_id(content), id) << content;
+      EXPECT_EQ(t.id_token(id), content);
+      EXPECT_EQ(t.is_special(id), a["special"].get<bool>()) << content;
+    }
+    const Json& texts = expected["texts"];
+    for (size_t i = 0; i < texts.size(); ++i) {
+      const auto text = texts[i].get<std::string>();
+      const std::vector<int32_t> got = t.encode(text);
+      EXPECT_EQ(got, c["plain_ids"][i].get<std::vector<int32_t>>()) << shown(text);
+      EXPECT_EQ(got, c["ids"][i].get<std::vector<int32_t>>()) << shown(text);
+    }
+  }
+}
+
+// The tiny qwen_layout case's files, to break one at a time.
+struct SlowFiles {
+  std::string vocab, merges;
+  Json config;
+};
+SlowFiles tiny_slow() {
+  const std::string d = FLOWKV_GOLDEN_DIR "/tokenizer/qwen2_slow/qwen_layout/";
+  return {read_text(d + "vocab.json"), read_text(d + "merges.txt"),
+          parse_json(read_text(d + "tokenizer_config.json"), "tokenizer_config.json")};
+}
+void expect_slow_error(const SlowFiles& f, const std::string& needle) {
+  try {
+    Tokenizer::from_qwen2_files(f.vocab, f.merges, f.config.dump(), "dir");
+    ADD_FAILURE() << "accepted; expected an error with \"" << needle << "\"";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+TEST(Qwen2Files, MalformedFilesAreErrorsNamingTheFileAndField) {
+  {
+    const SlowFiles f = tiny_slow();
+    EXPECT_EQ(Tokenizer::from_qwen2_files(f.vocab, f.merges, f.config.dump(), "dir").vocab_size(),
+              269);
+  }
+  const Json vocab0 = parse_json(tiny_slow().vocab, "vocab.json");
+  auto with_vocab = [&](const Json& v) {
+    SlowFiles f = tiny_slow();
+    f.vocab = v.dump();
+    return f;
+  };
+  auto with_merges = [&](const std::string& m) {
+    SlowFiles f = tiny_slow();
+    f.merges = m;
+    return f;
+  };
+  auto with_config = [&](const char* key, const Json& value) {
+    SlowFiles f = tiny_slow();
+    if (value.is_discarded())
+      f.config.erase(key);
+    else
+      f.config[key] = value;
+    return f;
+  };
+  const Json erase = Json(Json::value_t::discarded);
+
+  // vocab.json
+  SlowFiles f = tiny_slow();
+  f.vocab = "{\"a\": 1,";
+  expect_slow_error(f, "dir/vocab.json");
+  expect_slow_error(with_vocab(Json::array({1, 2})), "dir/vocab.json must be a JSON object");
+  Json v = vocab0;
+  v["ab"] = "256";
+  expect_slow_error(with_vocab(v), "dir/vocab.json[\"ab\"] must be");
+  v = vocab0;
+  v["ab"] = -1;
+  expect_slow_error(with_vocab(v), "dir/vocab.json[\"ab\"] must be a non-negative integer");
+  v = vocab0;
+  v["ab"] = 1.5;
+  expect_slow_error(with_vocab(v), "dir/vocab.json[\"ab\"] must be an integer");
+  v = vocab0;
+  v["ab"] = limits::kMaxVocab;
+  expect_slow_error(with_vocab(v), "dir/vocab.json[\"ab\"] must be an integer in [0, 4194303]");
+  v = vocab0;
+  v["zz"] = 3;
+  expect_slow_error(with_vocab(v), "dir/vocab.json: id 3 is given to both");
+  v = vocab0;
+  v[""] = 300;
+  expect_slow_error(with_vocab(v), "a token must have 1 to 4096 bytes, got 0");
+  v = vocab0;
+  v[std::string(5000, 'x')] = 300;
+  expect_slow_error(with_vocab(v), "a token must have 1 to 4096 bytes, got 5000");
+  v = vocab0;
+  v.erase("\xC4\xA0");  // (its id given to another token: the added tokens' ids stay right)
+  v["zz"] = 32;
+  SlowFiles no_space = with_vocab(v);
+  no_space.merges = "a b\n";
+  expect_slow_error(no_space, "dir/vocab.json has no token for byte 32");
+
+  // merges.txt
+  expect_slow_error(with_merges("a b\n\nab c\n"),
+                    "dir/merges.txt: line 2: a merge must be two tokens separated by one space");
+  expect_slow_error(with_merges("#version: 0.2\na b c\n"), "dir/merges.txt: line 2: a merge");
+  expect_slow_error(with_merges("a  b\n"), "dir/merges.txt: line 1: a merge");
+  expect_slow_error(with_merges("a b \n"), "dir/merges.txt: line 1: a merge");
+  expect_slow_error(with_merges("ab\n"), "dir/merges.txt: line 1: a merge");
+  expect_slow_error(with_merges("a\tb\n"), "dir/merges.txt: line 1: a merge");
+  expect_slow_error(with_merges("# a comment\n"), "dir/merges.txt: line 1: a merge");
+  expect_slow_error(with_merges("a zz\n"), "dir/merges.txt: line 1: \"zz\" is not in vocab.json");
+  expect_slow_error(with_merges("a b\nc b\n"),
+                    "dir/merges.txt: line 2: the merged token \"cb\" is not in vocab.json");
+  // A last line without "\n" keeps its "\r" (so "b\r" is no token), as Rust's lines() reads it.
+  expect_slow_error(with_merges("a b\r"), "dir/merges.txt: line 1: \"b\r\" is not in vocab.json");
+  expect_slow_error(with_merges("\xEF\xBB\xBF#version: 0.2\na b\n"),
+                    "dir/merges.txt: line 1: \"\xEF\xBB\xBF#version:\" is not in vocab.json");
+  for (const char* ok :
+       {"", "#version: 0.2", "#version: 0.2\n", "a b", "a b\r\n#versionX\r\nb c"}) {
+    SlowFiles g = with_merges(ok);
+    EXPECT_NO_THROW(Tokenizer::from_qwen2_files(g.vocab, g.merges, g.config.dump(), "dir")) << ok;
+  }
+
+  // tokenizer_config.json
+  f = tiny_slow();
+  expect_slow_error(with_config("tokenizer_class", "LlamaTokenizer"),
+                    "dir/tokenizer_config.json: tokenizer_class is \"LlamaTokenizer\"");
+  expect_slow_error(with_config("add_prefix_space", true), "add_prefix_space: true is not");
+  expect_slow_error(with_config("split_special_tokens", true), "split_special_tokens: true");
+  expect_slow_error(with_config("add_eos_token", true), "add_eos_token: true is not supported");
+  EXPECT_NO_THROW({
+    const SlowFiles g = with_config("add_bos_token", true);  // bos_token is null: no effect
+    Tokenizer::from_qwen2_files(g.vocab, g.merges, g.config.dump(), "dir");
+  });
+  expect_slow_error(with_config("added_tokens_decoder", erase),
+                    "dir/tokenizer_config.json: added_tokens_decoder is missing or not an object");
+  f = tiny_slow();
+  f.config = Json::array();
+  expect_slow_error(f, "dir/tokenizer_config.json must be a JSON object");
+  auto with_added = [&](const std::string& key, const Json& value) {
+    SlowFiles g = tiny_slow();
+    g.config["added_tokens_decoder"][key] = value;
+    return g;
+  };
+  expect_slow_error(with_added("-1", {{"content", "x"}}),
+                    "added_tokens_decoder[\"-1\"]: the key must be a token id");
+  expect_slow_error(with_added("12a", {{"content", "x"}}), "the key must be a token id");
+  expect_slow_error(with_added("99999999", {{"content", "x"}}),
+                    "added_tokens_decoder[\"99999999\"]: id 99999999 is not below the limit");
+  expect_slow_error(with_added("0262", {{"content", "<x>"}}),
+                    "added_tokens_decoder[\"262\"]: the id is given twice");
+  expect_slow_error(with_added("269", {{"content", "<|im_end|>"}}),
+                    "added_tokens_decoder[\"269\"]: \"<|im_end|>\" is added twice");
+  expect_slow_error(with_added("300", {{"content", "<x>"}}),
+                    "added_tokens_decoder[\"300\"]: id 300 for \"<x>\", but `tokenizers` would "
+                    "give it 269");
+  expect_slow_error(with_added("5", {{"content", "<x>"}}),
+                    "added_tokens_decoder[\"5\"]: id 5 is \"\xC4\x85\" in vocab.json");
+  expect_slow_error(with_added("256", {{"content", "bc"}}),
+                    "added_tokens_decoder[\"256\"]: \"bc\" has id 257 in vocab.json but 256 here");
+  expect_slow_error(with_added("269", {{"content", "<x>"}, {"lstrip", "yes"}}),
+                    "added_tokens_decoder[\"269\"]: field \"lstrip\" must be true or false");
+  expect_slow_error(with_added("269", {{"content", "<x>"}, {"strip", true}}),
+                    "added_tokens_decoder[\"269\"]: unknown field \"strip\"");
+  expect_slow_error(with_added("269", {{"content", ""}}), "content must have 1 to 4096 bytes");
+  expect_slow_error(with_added("269", Json::array()), "added_tokens_decoder[\"269\"] must be an");
+  expect_slow_error(with_added("269", {{"lstrip", true}}), "field \"content\" must be a string");
+  expect_slow_error(with_config("eos_token", 7),
+                    "dir/tokenizer_config.json: eos_token must be a string, an AddedToken");
+  // Two new model-specific tokens: transformers numbers them in the file's order, which the
+  // parsed JSON does not keep.
+  f = tiny_slow();
+  f.config["z_token"] = "<Z>";
+  f.config["a_token"] = "<A>";
+  expect_slow_error(f, "is a second model-specific *_token outside added_tokens_decoder");
+  f.config["a_token"] = "<|im_end|>";  // one new token, one already added: fine
+  EXPECT_EQ(Tokenizer::from_qwen2_files(f.vocab, f.merges, f.config.dump(), "dir").token_id("<Z>"),
+            269);
+  expect_slow_error(with_config("additional_special_tokens", "x"),
+                    "additional_special_tokens must be a list");
+  // Sizes past the limits, before anything is allocated for them.
+  f = tiny_slow();
+  Json many = Json::object();
+  for (int64_t i = 0; i <= limits::kMaxAddedTokens; ++i) many[std::to_string(262 + i)] = 0;
+  f.config["added_tokens_decoder"] = many;
+  expect_slow_error(f, "added_tokens_decoder: 65537 entries, more than the limit of 65536");
+  expect_slow_error(with_merges(std::string(limits::kMaxMerges + 1, '\n')),
+                    "lines, more merges than the limit of 4194304");
 }
 
 }  // namespace

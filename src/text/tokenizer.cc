@@ -10,8 +10,10 @@
 #include <unordered_map>
 
 #include "flowkv/error.h"
+#include "flowkv/io.h"
 #include "flowkv/limits.h"
 #include "io/json.h"
+#include "io/mapped_file.h"
 #include "text/regex.h"
 #include "text/utf8.h"
 
@@ -108,6 +110,11 @@ uint32_t code_point_before(std::string_view s, size_t end) {
   return next_code_point(s, i);
 }
 
+// transformers 5.24's Qwen2Tokenizer (models/qwen2/tokenization_qwen2.py, PRETOKENIZE_REGEX):
+// the Split step of the pre-tokenizer it builds from vocab.json and merges.txt.
+constexpr const char* kQwen2Pattern =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
 struct Piece {
   std::string_view text;
   int32_t added_id = -1;  // an added token's id, or -1 for text still to tokenize
@@ -129,6 +136,9 @@ std::string type_of(const Json& j, const std::string& where) {
 struct Tokenizer::Impl {
   std::string what;
   // model
+  // The vocabulary in errors: "<what>: model.vocab" or "<dir>/vocab.json", and its short name
+  // ("model.vocab", "vocab.json").
+  std::string vocab_where, vocab_name;
   std::unordered_map<std::string, int32_t> vocab;
   std::vector<std::string> vocab_r;  // id -> token ("" where no token)
   struct Merge {
@@ -141,6 +151,7 @@ struct Tokenizer::Impl {
   std::vector<AddedToken> added;
   std::unordered_map<std::string, int32_t> added_ids;
   std::unordered_map<int32_t, size_t> added_by_id;  // id -> index in `added`
+  int64_t next_added_id = 0;  // the id `tokenizers` gives the next token outside the vocabulary
   AddedTrie raw_trie, normalized_trie;
   // pipeline
   bool nfc = false;
@@ -157,8 +168,26 @@ struct Tokenizer::Impl {
   mutable std::unordered_map<std::string, std::vector<int32_t>> cache;
 
   void load(const Json& j);
+  void load_qwen2(const std::string& vocab_json, const std::string& merges_txt,
+                  const std::string& config_json);
   void load_model(const Json& m);
+  void load_vocab(const Json& v, const std::string& where);
+  // One merge of rank `rank`; `where` names it in errors. A pair merged twice keeps its last
+  // rank (as `tokenizers` builds its merge map, both from tokenizer.json and merges.txt).
+  // (Errors name it as `at`, `n`, `close`: "tok.json: model.merges[" 5 "]"; the name is built
+  // only for an error, 151,387 merges.)
+  void add_merge(const std::string& left, const std::string& right, int32_t rank,
+                 const std::string& at, size_t n, const char* close);
   void load_added(const Json& a);
+  // Adds one token (t.id < 0: numbered on, as `tokenizers` numbers a token it adds), checking
+  // it against the vocabulary and the tokens before it; `where` names it in errors.
+  void add_token(AddedToken t, const std::string& where);
+  void build_added_tries();
+  // The byte -> id table a ByteLevel pre-tokenizer needs (an Error without one), once the
+  // model and pre-tokenizer are read.
+  void find_byte_ids();
+  // The size, once everything is read.
+  void finish();
   void load_pre_tokenizer(const Json& p, const std::string& where);
   void find_added(std::string_view s, const AddedTrie& trie, std::vector<Piece>& out) const;
   void bpe(std::string_view word, std::vector<int32_t>& out) const;
@@ -202,11 +231,17 @@ void Tokenizer::Impl::load(const Json& j) {
                  type, "\"");
   }
 
+  find_byte_ids();
+  if (j.contains("added_tokens") && !j["added_tokens"].is_null()) load_added(j["added_tokens"]);
+  finish();
+}
+
+void Tokenizer::Impl::find_byte_ids() {
   if (byte_level) {
     const ByteLevelAlphabet& abc = byte_level_alphabet();
     for (int b = 0; b < 256; ++b) {
       const auto it = vocab.find(abc.utf8[b]);
-      FLOWKV_CHECK(it != vocab.end(), what, ": model.vocab has no token for byte ", b, " (\"",
+      FLOWKV_CHECK(it != vocab.end(), vocab_where, " has no token for byte ", b, " (\"",
                    abc.utf8[b], "\"), which a ByteLevel pre_tokenizer needs");
       byte_id[b] = it->second;
     }
@@ -215,7 +250,9 @@ void Tokenizer::Impl::load(const Json& j) {
                  ": pre_tokenizer: flowkv reads byte-level BPE tokenizers only (a "
                  "ByteLevel step is needed)");
   }
-  if (j.contains("added_tokens") && !j["added_tokens"].is_null()) load_added(j["added_tokens"]);
+}
+
+void Tokenizer::Impl::finish() {
   size = static_cast<int64_t>(vocab_r.size());
   for (const AddedToken& t : added) size = std::max<int64_t>(size, int64_t{t.id} + 1);
 }
@@ -239,29 +276,8 @@ void Tokenizer::Impl::load_model(const Json& m) {
 
   FLOWKV_CHECK(m.contains("vocab") && m["vocab"].is_object(), where,
                ".vocab: missing or not an object");
-  const Json& v = m["vocab"];
-  FLOWKV_CHECK(static_cast<int64_t>(v.size()) <= limits::kMaxVocab, where, ".vocab: ", v.size(),
-               " entries, more than the limit of ", limits::kMaxVocab);
-  int64_t max_id = -1;
-  for (const auto& [token, id] : v.items()) {
-    FLOWKV_CHECK(!token.empty() && static_cast<int64_t>(token.size()) <= limits::kMaxTokenBytes,
-                 where, ".vocab[\"", token.substr(0, 64), "\"]: a token must have 1 to ",
-                 limits::kMaxTokenBytes, " bytes, got ", token.size());
-    const bool plain = id.is_number_unsigned() && id.get<uint64_t>() < limits::kMaxVocab;
-    max_id =
-        std::max(max_id, plain ? static_cast<int64_t>(id.get<uint64_t>())
-                               : json_int_value(id, 0, limits::kMaxVocab - 1,
-                                                where + ".vocab[\"" + token.substr(0, 64) + "\"]"));
-  }
-  vocab.reserve(v.size());
-  vocab_r.assign(static_cast<size_t>(max_id + 1), std::string());
-  for (const auto& [token, id_json] : v.items()) {
-    const auto id = static_cast<int32_t>(id_json.get<int64_t>());
-    FLOWKV_CHECK(vocab_r[id].empty(), where, ".vocab: id ", id, " is given to both \"", vocab_r[id],
-                 "\" and \"", token, "\"");
-    vocab_r[id] = token;
-    vocab.emplace(token, id);
-  }
+  vocab_name = "model.vocab";
+  load_vocab(m["vocab"], where + ".vocab");
 
   FLOWKV_CHECK(m.contains("merges") && m["merges"].is_array(), where,
                ".merges: missing or not a list");
@@ -269,6 +285,7 @@ void Tokenizer::Impl::load_model(const Json& m) {
   FLOWKV_CHECK(static_cast<int64_t>(ms.size()) <= limits::kMaxMerges, where, ".merges: ", ms.size(),
                " entries, more than the limit of ", limits::kMaxMerges);
   merges.reserve(ms.size());
+  const std::string merges_at = where + ".merges[";
   std::string left, right;
   for (size_t i = 0; i < ms.size(); ++i) {
     // (The field name is built only for an error: 151,387 merges.)
@@ -287,15 +304,46 @@ void Tokenizer::Impl::load_model(const Json& m) {
       left = e[0].get<std::string>();
       right = e[1].get<std::string>();
     }
-    const auto a = vocab.find(left), b = vocab.find(right), ab = vocab.find(left + right);
-    FLOWKV_CHECK(a != vocab.end() && b != vocab.end(), where, ".merges[", i, "]: \"",
-                 (a == vocab.end() ? left : right).substr(0, 64), "\" is not in model.vocab");
-    FLOWKV_CHECK(ab != vocab.end(), where, ".merges[", i, "]: the merged token \"",
-                 (left + right).substr(0, 64), "\" is not in model.vocab");
-    const uint64_t key =
-        (static_cast<uint64_t>(a->second) << 32) | static_cast<uint32_t>(b->second);
-    merges.emplace(key, Merge{static_cast<int32_t>(i), ab->second});  // first rank wins
+    add_merge(left, right, static_cast<int32_t>(i), merges_at, i, "]");
   }
+}
+
+void Tokenizer::Impl::load_vocab(const Json& v, const std::string& where) {
+  vocab_where = where;
+  FLOWKV_CHECK(static_cast<int64_t>(v.size()) <= limits::kMaxVocab, where, ": ", v.size(),
+               " entries, more than the limit of ", limits::kMaxVocab);
+  int64_t max_id = -1;
+  for (const auto& [token, id] : v.items()) {
+    FLOWKV_CHECK(!token.empty() && static_cast<int64_t>(token.size()) <= limits::kMaxTokenBytes,
+                 where, "[\"", token.substr(0, 64), "\"]: a token must have 1 to ",
+                 limits::kMaxTokenBytes, " bytes, got ", token.size());
+    const bool plain = id.is_number_unsigned() && id.get<uint64_t>() < limits::kMaxVocab;
+    max_id = std::max(max_id, plain ? static_cast<int64_t>(id.get<uint64_t>())
+                                    : json_int_value(id, 0, limits::kMaxVocab - 1,
+                                                     where + "[\"" + token.substr(0, 64) + "\"]"));
+  }
+  vocab.reserve(v.size());
+  vocab_r.assign(static_cast<size_t>(max_id + 1), std::string());
+  for (const auto& [token, id_json] : v.items()) {
+    const auto id = static_cast<int32_t>(id_json.get<int64_t>());
+    FLOWKV_CHECK(vocab_r[id].empty(), where, ": id ", id, " is given to both \"", vocab_r[id],
+                 "\" and \"", token, "\"");
+    vocab_r[id] = token;
+    vocab.emplace(token, id);
+  }
+  next_added_id = static_cast<int64_t>(vocab.size());
+}
+
+void Tokenizer::Impl::add_merge(const std::string& left, const std::string& right, int32_t rank,
+                                const std::string& at, size_t n, const char* close) {
+  const auto a = vocab.find(left), b = vocab.find(right);
+  FLOWKV_CHECK(a != vocab.end() && b != vocab.end(), at, n, close, ": \"",
+               (a == vocab.end() ? left : right).substr(0, 64), "\" is not in ", vocab_name);
+  const auto ab = vocab.find(left + right);
+  FLOWKV_CHECK(ab != vocab.end(), at, n, close, ": the merged token \"",
+               (left + right).substr(0, 64), "\" is not in ", vocab_name);
+  const uint64_t key = (static_cast<uint64_t>(a->second) << 32) | static_cast<uint32_t>(b->second);
+  merges.insert_or_assign(key, Merge{rank, ab->second});
 }
 
 void Tokenizer::Impl::load_added(const Json& a) {
@@ -304,16 +352,12 @@ void Tokenizer::Impl::load_added(const Json& a) {
   FLOWKV_CHECK(static_cast<int64_t>(a.size()) <= limits::kMaxAddedTokens, where, ": ", a.size(),
                " entries, more than the limit of ", limits::kMaxAddedTokens);
   added.reserve(a.size());
-  int64_t next_added_id = static_cast<int64_t>(vocab.size());
   for (size_t i = 0; i < a.size(); ++i) {
     const std::string w = where + "[" + std::to_string(i) + "]";
     const Json& e = a[i];
     FLOWKV_CHECK(e.is_object(), w, " must be an object");
     AddedToken t;
     t.content = str_field(e, "content", w);
-    FLOWKV_CHECK(
-        !t.content.empty() && static_cast<int64_t>(t.content.size()) <= limits::kMaxTokenBytes, w,
-        ".content must have 1 to ", limits::kMaxTokenBytes, " bytes, got ", t.content.size());
     FLOWKV_CHECK(e.contains("id"), w, ": field \"id\" is missing");
     t.id = static_cast<int32_t>(json_int_value(e["id"], 0, limits::kMaxVocab - 1, w + ".id"));
     t.single_word = json_bool(e, "single_word", false, w);
@@ -321,33 +365,251 @@ void Tokenizer::Impl::load_added(const Json& a) {
     t.rstrip = json_bool(e, "rstrip", false, w);
     t.normalized = json_bool(e, "normalized", true, w);
     t.special = json_bool(e, "special", false, w);
-    FLOWKV_CHECK(!added_by_id.count(t.id), w, ": id ", t.id, " is given to two added tokens");
-    FLOWKV_CHECK(!added_ids.count(t.content), w, ": \"", t.content, "\" is added twice");
-    const auto in_vocab = vocab.find(t.content);
-    FLOWKV_CHECK(in_vocab == vocab.end() || in_vocab->second == t.id, w, ": \"", t.content,
-                 "\" has id ", in_vocab == vocab.end() ? 0 : in_vocab->second,
-                 " in model.vocab but ", t.id, " here");
-    FLOWKV_CHECK(t.id >= static_cast<int64_t>(vocab_r.size()) || vocab_r[t.id].empty() ||
-                     vocab_r[t.id] == t.content,
-                 w, ": id ", t.id, " is \"", vocab_r[t.id], "\" in model.vocab");
-    // `tokenizers` numbers an added token that is not in the vocabulary itself: the next id
-    // after the vocabulary's entries and the added tokens before it, whatever the file says.
-    if (in_vocab == vocab.end()) {
-      FLOWKV_CHECK(t.id == next_added_id, w, ": id ", t.id, " for \"", t.content,
-                   "\", but `tokenizers` would give it ", next_added_id,
-                   " (added tokens outside model.vocab are numbered on from the vocabulary)");
-      ++next_added_id;
-    }
-    added_by_id.emplace(t.id, added.size());
-    added_ids.emplace(t.content, t.id);
-    added.push_back(std::move(t));
+    add_token(std::move(t), w);
   }
+  build_added_tries();
+}
+
+void Tokenizer::Impl::add_token(AddedToken t, const std::string& w) {
+  FLOWKV_CHECK(
+      !t.content.empty() && static_cast<int64_t>(t.content.size()) <= limits::kMaxTokenBytes, w,
+      ".content must have 1 to ", limits::kMaxTokenBytes, " bytes, got ", t.content.size());
+  FLOWKV_CHECK(static_cast<int64_t>(added.size()) < limits::kMaxAddedTokens, w, ": more than ",
+               limits::kMaxAddedTokens, " added tokens");
+  FLOWKV_CHECK(!added_ids.count(t.content), w, ": \"", t.content, "\" is added twice");
+  const auto in_vocab = vocab.find(t.content);
+  if (t.id < 0) t.id = in_vocab != vocab.end() ? in_vocab->second : next_added_id;
+  FLOWKV_CHECK(t.id < limits::kMaxVocab, w, ": id ", t.id, " is not below the limit of ",
+               limits::kMaxVocab);
+  FLOWKV_CHECK(!added_by_id.count(t.id), w, ": id ", t.id, " is given to two added tokens");
+  FLOWKV_CHECK(in_vocab == vocab.end() || in_vocab->second == t.id, w, ": \"", t.content,
+               "\" has id ", in_vocab == vocab.end() ? 0 : in_vocab->second, " in ", vocab_name,
+               " but ", t.id, " here");
+  FLOWKV_CHECK(t.id >= static_cast<int64_t>(vocab_r.size()) || vocab_r[t.id].empty() ||
+                   vocab_r[t.id] == t.content,
+               w, ": id ", t.id, " is \"", vocab_r[t.id], "\" in ", vocab_name);
+  // `tokenizers` numbers an added token that is not in the vocabulary itself: the next id
+  // after the vocabulary's entries and the added tokens before it, whatever the file says.
+  if (in_vocab == vocab.end()) {
+    FLOWKV_CHECK(t.id == next_added_id, w, ": id ", t.id, " for \"", t.content,
+                 "\", but `tokenizers` would give it ", next_added_id, " (added tokens outside ",
+                 vocab_name, " are numbered on from the vocabulary)");
+    ++next_added_id;
+  }
+  added_by_id.emplace(t.id, added.size());
+  added_ids.emplace(t.content, t.id);
+  added.push_back(std::move(t));
+}
+
+void Tokenizer::Impl::build_added_tries() {
   for (size_t i = 0; i < added.size(); ++i) {
     const AddedToken& t = added[i];
     if (t.normalized)
       normalized_trie.insert(nfc ? text::nfc(t.content) : t.content, static_cast<int32_t>(i));
     else
       raw_trie.insert(t.content, static_cast<int32_t>(i));
+  }
+}
+
+void Tokenizer::Impl::load_qwen2(const std::string& vocab_json, const std::string& merges_txt,
+                                 const std::string& config_json) {
+  const std::string vocab_path = what + "/vocab.json", merges_path = what + "/merges.txt",
+                    config_path = what + "/tokenizer_config.json";
+  // tokenizer_config.json first: it says whether these are a Qwen2 tokenizer's files at all.
+  const Json config = parse_json(config_json, config_path);
+  FLOWKV_CHECK(config.is_object(), config_path, " must be a JSON object");
+  if (config.contains("tokenizer_class") && !config["tokenizer_class"].is_null()) {
+    const std::string cls = str_field(config, "tokenizer_class", config_path);
+    FLOWKV_CHECK(cls == "Qwen2Tokenizer" || cls == "Qwen2TokenizerFast", config_path,
+                 ": tokenizer_class is \"", cls,
+                 "\"; without a tokenizer.json flowkv reads Qwen2Tokenizer's files only");
+  }
+  FLOWKV_CHECK(!json_bool(config, "add_prefix_space", false, config_path), config_path,
+               ": add_prefix_space: true is not supported (released Qwen tokenizers say false)");
+  FLOWKV_CHECK(!json_bool(config, "split_special_tokens", false, config_path), config_path,
+               ": split_special_tokens: true is not supported (special tokens are always found)");
+
+  // model: vocab.json ({token: id}) and merges.txt (one "a b" a line, by rank; lines starting
+  // with "#version" are skipped wherever they are, as `tokenizers` reads them).
+  vocab_name = "vocab.json";
+  const Json v = parse_json(vocab_json, vocab_path);
+  FLOWKV_CHECK(v.is_object(), vocab_path, " must be a JSON object of token: id");
+  load_vocab(v, vocab_path);
+
+  const int64_t lines = std::count(merges_txt.begin(), merges_txt.end(), '\n') + 1;
+  FLOWKV_CHECK(lines <= limits::kMaxMerges + 1, merges_path, ": ", lines,
+               " lines, more merges than the limit of ", limits::kMaxMerges);
+  merges.reserve(static_cast<size_t>(lines));
+  const std::string at = merges_path + ": line ";
+  int32_t rank = 0;
+  size_t line_no = 0;
+  std::string left, right;
+  for (size_t pos = 0; pos < merges_txt.size();) {
+    size_t end = merges_txt.find('\n', pos);
+    const size_t next = end == std::string::npos ? merges_txt.size() : end + 1;
+    if (end == std::string::npos) end = merges_txt.size();
+    // A line ends at "\n" or "\r\n" (Rust's lines()); a last line without "\n" keeps its "\r".
+    if (end < merges_txt.size() && end > pos && merges_txt[end - 1] == '\r') --end;
+    const std::string_view line(merges_txt.data() + pos, end - pos);
+    pos = next;
+    ++line_no;
+    if (line.starts_with("#version")) continue;
+    const size_t sp = line.find(' ');
+    FLOWKV_CHECK(sp != std::string_view::npos && sp > 0 && sp + 1 < line.size() &&
+                     line.find(' ', sp + 1) == std::string_view::npos,
+                 at, line_no, ": a merge must be two tokens separated by one space");
+    FLOWKV_CHECK(rank < limits::kMaxMerges, merges_path, ": more merges than the limit of ",
+                 limits::kMaxMerges);
+    left.assign(line.substr(0, sp));
+    right.assign(line.substr(sp + 1));
+    add_merge(left, right, rank++, at, line_no, "");
+  }
+
+  // The pipeline Qwen2Tokenizer builds: NFC, the Qwen2 Split and ByteLevel without its own
+  // regex or prefix space, and a ByteLevel decoder. (Its post-processor, a TemplateProcessing
+  // of the add_bos_token / add_eos_token flags, adds nothing when both are off: checked below.)
+  nfc = true;
+  load_pre_tokenizer(
+      Json{{"type", "Sequence"},
+           {"pretokenizers",
+            Json::array(
+                {Json{{"type", "Split"},
+                      {"pattern", {{"Regex", kQwen2Pattern}}},
+                      {"behavior", "Isolated"},
+                      {"invert", false}},
+                 Json{{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}})}},
+      what + ": Qwen2Tokenizer's pre_tokenizer");
+
+  find_byte_ids();
+
+  // Added tokens: added_tokens_decoder ({"<id>": {content, flags}}) in the order of the ids,
+  // then the named special tokens (the *_token fields, with Qwen2Tokenizer's defaults, then
+  // extra_special_tokens or additional_special_tokens), as transformers adds them.
+  const std::string atd_where = config_path + ": added_tokens_decoder";
+  FLOWKV_CHECK(
+      config.contains("added_tokens_decoder") && config["added_tokens_decoder"].is_object(),
+      atd_where,
+      " is missing or not an object (flowkv reads the added tokens, with their ids and "
+      "flags, from it)");
+  const Json& atd = config["added_tokens_decoder"];
+  FLOWKV_CHECK(static_cast<int64_t>(atd.size()) <= limits::kMaxAddedTokens, atd_where, ": ",
+               atd.size(), " entries, more than the limit of ", limits::kMaxAddedTokens);
+  std::vector<std::pair<int32_t, const Json*>> by_id;
+  by_id.reserve(atd.size());
+  for (const auto& [key, value] : atd.items()) {
+    const std::string w = atd_where + "[\"" + key.substr(0, 32) + "\"]";
+    FLOWKV_CHECK(
+        !key.empty() && key.size() <= 9 && key.find_first_not_of("0123456789") == std::string::npos,
+        w, ": the key must be a token id (decimal digits)");
+    const int64_t id = std::stoll(key);
+    FLOWKV_CHECK(id < limits::kMaxVocab, w, ": id ", id, " is not below the limit of ",
+                 limits::kMaxVocab);
+    by_id.emplace_back(static_cast<int32_t>(id), &value);
+  }
+  std::sort(by_id.begin(), by_id.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  // An AddedToken as transformers reads it: {"content": ..., flags}; "normalized" defaults to
+  // the opposite of "special", as in `tokenizers`' AddedToken.
+  auto added_token = [](const Json& e, int32_t id, bool named, const std::string& w) {
+    FLOWKV_CHECK(e.is_object(), w, " must be an object");
+    for (const auto& [k, unused] : e.items()) {
+      FLOWKV_CHECK(k == "content" || k == "single_word" || k == "lstrip" || k == "rstrip" ||
+                       k == "normalized" || k == "special" ||
+                       (k == "__type" && e[k] == "AddedToken"),
+                   w, ": unknown field \"", k.substr(0, 64), "\" of an added token");
+    }
+    AddedToken t;
+    t.id = id;
+    t.content = str_field(e, "content", w);
+    t.single_word = json_bool(e, "single_word", false, w);
+    t.lstrip = json_bool(e, "lstrip", false, w);
+    t.rstrip = json_bool(e, "rstrip", false, w);
+    t.special = json_bool(e, "special", false, w) || named;
+    t.normalized = json_bool(e, "normalized", !t.special, w);
+    return t;
+  };
+  for (size_t i = 0; i < by_id.size(); ++i) {
+    const auto [id, e] = by_id[i];
+    const std::string w = atd_where + "[\"" + std::to_string(id) + "\"]";
+    FLOWKV_CHECK(i == 0 || by_id[i - 1].first != id, w, ": the id is given twice");
+    add_token(added_token(*e, id, false, w), w);
+  }
+  // (field, value, group): group 1 and 2 are read from JSON objects, whose order flowkv's JSON
+  // does not keep (transformers adds them in the file's order), so each may add one new token.
+  struct Named {
+    std::string key;
+    const Json* value;
+    int group;
+  };
+  std::vector<Named> named;
+  const Json endoftext = "<|endoftext|>";
+  for (const char* key : {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
+                          "cls_token", "mask_token"}) {
+    const bool qwen2_default = std::string_view(key) == "eos_token" ||
+                               std::string_view(key) == "unk_token" ||
+                               std::string_view(key) == "pad_token";
+    if (config.contains(key))
+      named.push_back({key, &config[key], 0});
+    else if (qwen2_default)
+      named.push_back({key, &endoftext, 0});
+  }
+  for (const auto& [key, value] : config.items()) {
+    if (key.ends_with("_token") && key != "bos_token" && key != "eos_token" && key != "unk_token" &&
+        key != "sep_token" && key != "pad_token" && key != "cls_token" && key != "mask_token" &&
+        value.is_string()) {
+      named.push_back({key, &value, 1});  // a model-specific token ("image_token")
+    }
+  }
+  for (const char* key : {"extra_special_tokens", "additional_special_tokens"}) {
+    if (!config.contains(key) || config[key].is_null() ||
+        (config[key].is_array() && config[key].empty()))
+      continue;
+    const Json& list = config[key];
+    FLOWKV_CHECK(list.is_array() || list.is_object(), config_path, ": ", key,
+                 " must be a list (or an object of named tokens)");
+    FLOWKV_CHECK(static_cast<int64_t>(list.size()) <= limits::kMaxAddedTokens, config_path, ": ",
+                 key, ": more than ", limits::kMaxAddedTokens, " tokens");
+    for (const auto& [unused, value] : list.items())
+      named.push_back({key, &value, list.is_object() ? 2 : 0});
+    break;  // transformers reads additional_special_tokens only without extra_special_tokens
+  }
+  // Each named token is (re-)added as AddedToken(content, special=True): one already added
+  // keeps its id but takes these flags (`tokenizers` replaces a token added again with other
+  // flags), so a lstrip in added_tokens_decoder or in an AddedToken object is dropped.
+  int new_in_group[3] = {};
+  for (const auto& [key, value, group] : named) {
+    if (value->is_null()) continue;
+    const std::string w = config_path + ": " + key;
+    FLOWKV_CHECK(value->is_string() || value->is_object(), w,
+                 " must be a string, an AddedToken object or null");
+    AddedToken t = value->is_string() ? AddedToken{value->get<std::string>()}
+                                      : added_token(*value, -1, true, w);
+    if (t.content.empty()) continue;  // (`tokenizers` skips an empty token)
+    t.id = -1;
+    t.single_word = t.lstrip = t.rstrip = t.normalized = false;
+    t.special = true;
+    if (const auto it = added_ids.find(t.content); it != added_ids.end()) {
+      AddedToken& old = added[added_by_id.at(it->second)];
+      t.id = old.id;
+      old = std::move(t);
+    } else {
+      FLOWKV_CHECK(group == 0 || ++new_in_group[group] == 1, w, ": \"", t.content,
+                   "\" is a second ",
+                   group == 1 ? "model-specific *_token" : "extra_special_tokens entry",
+                   " outside added_tokens_decoder; their ids depend on the order in the file, "
+                   "which flowkv does not keep (add them to added_tokens_decoder)");
+      add_token(std::move(t), w);
+    }
+  }
+  build_added_tries();
+  finish();
+
+  for (const auto& [flag, key] :
+       {std::pair{"add_bos_token", "bos_token"}, std::pair{"add_eos_token", "eos_token"}}) {
+    const bool has_token =
+        config.contains(key) ? !config[key].is_null() : std::string_view(key) == "eos_token";
+    FLOWKV_CHECK(!(json_bool(config, flag, false, config_path) && has_token), config_path, ": ",
+                 flag, ": true is not supported (flowkv's encode adds no ", key, ")");
   }
 }
 
@@ -528,6 +790,34 @@ Tokenizer Tokenizer::from_json_file(const std::string& path) {
   return Tokenizer(std::move(impl));
 }
 
+Tokenizer Tokenizer::from_qwen2_files(const std::string& vocab_json, const std::string& merges_txt,
+                                      const std::string& tokenizer_config_json,
+                                      const std::string& dir) {
+  auto impl = std::make_unique<Impl>();
+  impl->what = dir;
+  impl->load_qwen2(vocab_json, merges_txt, tokenizer_config_json);
+  return Tokenizer(std::move(impl));
+}
+
+Tokenizer Tokenizer::from_folder(const std::string& dir) {
+  const std::string json = dir + "/tokenizer.json";
+  if (path_exists(json)) return from_json_file(json);
+  const char* names[] = {"vocab.json", "merges.txt", "tokenizer_config.json"};
+  std::string missing;
+  for (const char* name : names) {
+    if (!path_exists(dir + "/" + name)) missing += std::string(missing.empty() ? "" : ", ") + name;
+  }
+  FLOWKV_CHECK(missing.empty(), dir,
+               ": no tokenizer.json, and no Qwen2Tokenizer files to build one from (vocab.json, "
+               "merges.txt and tokenizer_config.json; missing: ",
+               missing, ")");
+  std::string text[3];
+  for (int i = 0; i < 3; ++i) {
+    text[i] = read_file(dir + "/" + names[i], limits::kMaxJsonFileBytes, "tokenizer file");
+  }
+  return from_qwen2_files(text[0], text[1], text[2], dir);
+}
+
 std::vector<int32_t> Tokenizer::encode(std::string_view utf8, bool /*add_special_tokens*/) const {
   const Impl& m = *impl_;
   FLOWKV_CHECK(static_cast<int64_t>(utf8.size()) <= limits::kMaxTextBytes, "a text of ",
@@ -568,7 +858,8 @@ std::vector<int32_t> Tokenizer::encode(std::string_view utf8, bool /*add_special
     if (p.text.empty()) continue;
     words.assign(1, p.text);
     if (m.add_prefix_space && p.text[0] != ' ') {
-      prefixed = " " + std::string(p.text);
+      prefixed.assign(1, ' ');
+      prefixed.append(p.text);
       words[0] = prefixed;
     }
     for (size_t k = 0; k < m.steps.size(); ++k) {

@@ -1,5 +1,7 @@
 // Byte-level BPE tokenizers loaded from a Hugging Face tokenizer.json (Qwen2TokenizerFast, the
-// Qwen3 tokenizer of FLUX.2 Klein), giving the ids that the `tokenizers` package gives:
+// Qwen3 tokenizer of FLUX.2 Klein) or from Qwen2Tokenizer's vocab.json + merges.txt +
+// tokenizer_config.json (the Qwen-Image pipeline folders: from_folder), giving the ids that the
+// `tokenizers` package gives:
 //
 //   1. added tokens (special or not) are found in the raw text first, leftmost-longest, honouring
 //      their single_word / lstrip / rstrip flags; tokens with "normalized": true are looked for
@@ -41,6 +43,41 @@ class Tokenizer {
   static Tokenizer from_json_file(const std::string& path);
   // The same from JSON text; `what` names its source in errors.
   static Tokenizer from_json(const std::string& json_text, const std::string& what);
+
+  // A tokenizer folder (a pipeline's tokenizer/): its tokenizer.json when it has one (as
+  // from_json_file); else the files of Qwen2Tokenizer that the released Qwen-Image folders carry
+  // (vocab.json, merges.txt, tokenizer_config.json), assembled into what transformers 5.24 builds
+  // from them (from_qwen2_files). A folder with neither is an Error naming the files missing.
+  // Each file is read with limits::kMaxJsonFileBytes as its cap.
+  static Tokenizer from_folder(const std::string& dir);
+  // Qwen2Tokenizer's files as text, `dir` naming them in errors ("<dir>/merges.txt: line 7:
+  // ..."). What transformers 5.24 builds (Qwen2Tokenizer.__init__, TokenizersBackend), and so
+  // the same ids as the tokenizer.json it would save:
+  //   - model: BPE of vocab.json ({token: id}) and merges.txt ("a b" a line, rank by line; lines
+  //     starting with "#version" skipped; "\n" or "\r\n" ends a line; a pair given twice keeps
+  //     its last rank);
+  //   - normalizer NFC; pre-tokenizer Split(Qwen2's regex, Isolated) then ByteLevel
+  //     (add_prefix_space false, use_regex false); ByteLevel decoder;
+  //   - added tokens: tokenizer_config.json's added_tokens_decoder in the order of their ids,
+  //     with their content and flags ("normalized" defaulting to not "special"), then the named
+  //     special tokens (bos/eos/unk/sep/pad/cls/mask_token, Qwen2Tokenizer's default
+  //     "<|endoftext|>" for an absent eos/unk/pad_token, other *_token strings, then
+  //     extra_special_tokens or else additional_special_tokens), each as AddedToken(content,
+  //     special=True): one not added yet is added, one already added keeps its id and takes these
+  //     flags (not normalized, no lstrip/rstrip/single_word), as `tokenizers` replaces a token
+  //     added again. Ids are what `tokenizers` numbers them: a token outside vocab.json gets the
+  //     next id after the vocabulary and the added tokens before it; an added_tokens_decoder id
+  //     that differs is an Error, as is one that vocab.json gives another token.
+  // Refused with an Error naming the file and field: a tokenizer_class other than
+  // Qwen2Tokenizer(Fast), add_prefix_space, split_special_tokens, add_bos_token or
+  // add_eos_token true (with that token set), no added_tokens_decoder, a malformed line or JSON
+  // value, a token not in vocab.json, an id given twice, and any size past limits::kMaxVocab,
+  // kMaxMerges, kMaxTokenBytes or kMaxAddedTokens (checked before anything is allocated for it).
+  // Decoding follows `tokenizers` (clean_up_tokenization_spaces, a transformers-only step of
+  // decode, is not applied; released Qwen files say false).
+  static Tokenizer from_qwen2_files(const std::string& vocab_json, const std::string& merges_txt,
+                                    const std::string& tokenizer_config_json,
+                                    const std::string& dir);
 
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;

@@ -11,7 +11,7 @@ targets=(fuzz_safetensors_header fuzz_shard_index fuzz_flux2_config fuzz_qwen_co
          fuzz_inspect_folder fuzz_gguf fuzz_pipeline_index fuzz_png
          fuzz_jpeg fuzz_tokenizer fuzz_tokenizer_json fuzz_qwen3_config
          fuzz_flux2_vae_config fuzz_qwen3_vl fuzz_qwen3_vl_config fuzz_qwen21_vae_config
-         fuzz_store_entry fuzz_showcase fuzz_scheduler_config)
+         fuzz_store_entry fuzz_showcase fuzz_scheduler_config fuzz_qwen2_tokenizer_files)
 for t in "${targets[@]}"; do rm -rf "${out:?}/$t"; mkdir -p "$out/$t"; done
 
 # Bytes of an unsigned integer, little-endian, on stdout.
@@ -99,6 +99,12 @@ for p in 'a photo of a cat' $'naïve cafe\xcc\x81 \r\n\t  x' '猫 🐱 👨‍�
   printf '%s' "$p" >"$out/fuzz_tokenizer/prompt$((i++))"
 done
 cp "$golden/tokenizer/tiny_tokenizer.json" "$out/fuzz_tokenizer_json/"
+# Qwen2Tokenizer's files: vocab.json NUL merges.txt NUL tokenizer_config.json, of each tiny
+# folder of tests/golden/tokenizer/qwen2_slow.
+for d in "$golden"/tokenizer/qwen2_slow/*/; do
+  { cat "$d/vocab.json"; printf '\0'; cat "$d/merges.txt"; printf '\0'; cat "$d/tokenizer_config.json"; } \
+    >"$out/fuzz_qwen2_tokenizer_files/$(basename "$d")"
+done
 # Qwen3-VL: byte 0 even + a config.json; byte 0 odd + image count + grids + a prompt.
 { printf '\x00'; cat "$golden/qwen3_vl_text/text_encoder/config.json"; } >"$out/fuzz_qwen3_vl/config"
 printf '\x01\x00a red fox' >"$out/fuzz_qwen3_vl/t2i"
