@@ -30,8 +30,7 @@ Parts read_parts(const std::string& text_encoder_dir, const std::string& tokeniz
                  const std::string& processor_dir) {
   const std::string config = text_encoder_dir + "/config.json";
   Parts p{Config::from_json(read_json_file(config), config), std::nullopt,
-          text::Tokenizer::from_json_file(tokenizer_dir + "/tokenizer.json"),
-          Template::kTextToImage};
+          text::Tokenizer::from_folder(tokenizer_dir), Template::kTextToImage};
   if (!processor_dir.empty()) {
     p.tmpl = Template::kEditPlus;
     p.proc = qwen3_vl::ImageProcessorConfig::read(processor_dir + "/preprocessor_config.json");
