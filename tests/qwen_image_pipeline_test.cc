@@ -9,6 +9,7 @@
 
 #include <filesystem>
 
+#include "core/arena.h"
 #include "flowkv/error.h"
 #include "flowkv/generate.h"
 #include "flowkv/inspect.h"
@@ -16,6 +17,8 @@
 #include "golden_util.h"
 #include "io/image.h"
 #include "io/json.h"
+#include "models/qwen25_vl/prompt_encoder.h"
+#include "pipeline/condition_image.h"
 #include "temp_files.h"
 #include "test_util.h"
 
@@ -62,6 +65,62 @@ GenerateRequest request(const std::string& c) {
                      std::to_string(k["fbcache"]["threshold"].get<double>())};
   }
   return r;
+}
+
+void expect_close(const Tensor& got, const Tensor& ref, double tol, const std::string& what) {
+  ASSERT_EQ(got.numel(), ref.numel()) << what;
+  const test::ErrorStats e = test::compare(got.f32(), ref.f32(), ref.numel());
+  EXPECT_LE(e.rel(), tol) << what << ": max abs " << e.max_abs << ", max |ref| " << e.max_ref;
+}
+
+// Stage "prompt" alone: both branches of text to image (the tokenizer) and of Edit-Plus (the
+// processor, the two pictures' 384^2 copies through the vision tower) against diffusers'.
+TEST(QwenImagePipeline, PromptEmbeddingsMatchBothBranches) {
+  const Json m = meta();
+  const std::string p = dir() + "/pipeline";
+  for (const bool edit : {false, true}) {
+    const auto st = stages(edit ? "edit_plus" : "t2i_cfg");
+    const auto enc = qwen25_vl::PromptEncoder::load(p + "/text_encoder",
+                                                    p + (edit ? "/processor" : "/tokenizer"),
+                                                    edit ? p + "/processor" : "");
+    std::vector<Image> pictures;
+    if (edit) {
+      for (const char* f : {"/pic_a.png", "/pic_b.png"}) {
+        const Image im = load_image(dir() + f, PixelFormat::kRGB);
+        const auto [w, h] = qwen21_dimensions(384, im.width, im.height, f);
+        pictures.push_back(resize_lanczos(im, w, h));
+      }
+    }
+    for (const auto& [branch, text] :
+         {std::pair<std::string, std::string>{"prompt", m["prompt"].get<std::string>()},
+          {"negative", m["negative_prompt"].get<std::string>()}}) {
+      Arena arena;
+      const qwen25_vl::PromptEncoding e =
+          enc.encode(ExecContext{&arena}, text, pictures, edit ? 0 : 512);
+      expect_close(e.embeds, st.at(branch + "_embeds"), 1e-5,
+                   std::string(edit ? "edit-plus " : "t2i ") + branch);
+    }
+  }
+}
+
+// A released-shape pipeline of zero weights (sparse files) opens, its components fit, and a
+// request plans as the real one would: the predictor's and admission's view at 1024^2.
+TEST(QwenImagePipeline, ZeroExportPlansARealSizeRequest) {
+  test::TempDir tmp;
+  const std::string d = (tmp.path() / "qi").string();
+  export_zero_weights("qwen-image-edit-plus-pipeline", "bf16", d);
+  for (const char* sub : {"/tokenizer", "/processor"}) {  // the user's tokenizer files
+    std::filesystem::copy_file(dir() + "/pipeline/tokenizer/tokenizer.json",
+                               d + sub + "/tokenizer.json");
+  }
+  GenerateRequest r = request("edit_plus");
+  r.width = r.height = 0;
+  const GenerateLayout l = generate_layout(d, r);
+  EXPECT_EQ(l.width, 1440);  // the last picture's aspect ratio (2:1) at 1024^2 pixels
+  EXPECT_EQ(l.height, 736);
+  EXPECT_EQ(l.target_tokens, (1440 / 16) * (736 / 16));
+  ASSERT_EQ(l.image_tokens.size(), 2u);
+  EXPECT_GT(l.text_tokens, 2 * 196);  // each picture's 384^2 copy is 196 vision tokens
 }
 
 class QwenImageGenerate : public ::testing::TestWithParam<std::string> {};

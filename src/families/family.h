@@ -40,6 +40,7 @@ namespace flowkv::qwen {
 class Model21;
 class ModelQwenImage;
 struct Config21;
+struct ConfigQwenImage;
 }  // namespace flowkv::qwen
 
 namespace flowkv::families {
@@ -144,6 +145,11 @@ std::shared_ptr<const pipeline::GenerateSpec> qwen21_open_pipeline(const Pipelin
 // Qwen-Image's pipelines, text to image and Edit-Plus (families/qwen_image/generate.cc).
 std::shared_ptr<const pipeline::GenerateSpec> qwen_image_open_pipeline(const PipelineFolder& p,
                                                                        const PipelineOptions& o);
+// A released-shape Qwen-Image pipeline of zero weights (text to image, or Edit-Plus with its
+// processor): the transformer, Qwen2.5-VL-7B with its vision tower, the released VAE, scheduler;
+// tokenizer/ is left for the user's Qwen2.5 tokenizer files.
+void qwen_image_write_zero_pipeline(const qwen::ConfigQwenImage& transformer, bool edit,
+                                    DType dtype, const std::string& dir);
 // A released-shape Qwen-Image-2.1 pipeline of zero weights: the transformer, Qwen3-VL-8B, the
 // released VAE, the processor's preprocessor_config.json (copy a tokenizer.json in), scheduler.
 void qwen21_write_zero_pipeline(const qwen::Config21& transformer, DType dtype,

@@ -22,9 +22,30 @@ std::string describe(const qwen::ConfigQwenImage& c) {
          std::to_string(c.dim()) + ")";
 }
 
+// The released shapes, one row each: predict, export and the cacheability report read this
+// table.
+struct Released {
+  const char* name;
+  bool zero_cond_t;  // Edit-2511's references modulated from t = 0
+  bool edit;         // released with QwenImageEditPlusPipeline
+};
+constexpr Released kReleased[] = {
+    {"qwen-image", false, false},
+    {"qwen-image-edit-plus", false, true},  // Qwen-Image-Edit-2509
+    {"qwen-image-edit-2511", true, true},
+};
+
+qwen::ConfigQwenImage released_config(const Released& r) {
+  qwen::ConfigQwenImage c;  // the class defaults are the released transformer
+  c.zero_cond_t = r.zero_cond_t;
+  return c;
+}
+
 // The released shape, a config.json, or a checkpoint (its config, else inferred from shapes).
 qwen::ConfigQwenImage config_of_model(const std::string& model) {
-  if (model == "qwen-image") return {};
+  for (const Released& r : kReleased) {
+    if (model == r.name) return released_config(r);
+  }
   if (const std::optional<Json> j = config_of(model)) {
     return qwen::ConfigQwenImage::from_json(*j, model);
   }
@@ -143,7 +164,7 @@ FamilyInfo info() {
   i.title = "Qwen-Image (and Edit, Edit-Plus)";
   i.exact_cache = "";  // none
   i.images = "reference";
-  i.released = {"qwen-image"};
+  for (const Released& r : kReleased) i.released.push_back(r.name);
   i.default_steps = 50;  // QwenImagePipeline / QwenImageEditPlusPipeline __call__
   i.bench_steps = {4, 8};
   i.bench_images = {0, 1, 2};
@@ -173,6 +194,16 @@ Family qwen_image_family() {
                 int64_t target) -> std::optional<TokenLayout> {
     (void)config_of_model(model);  // a config that is not Qwen-Image's fails here
     return joint_layout(text, refs, target);
+  };
+  f.write_zeros = [](const std::string& name, const std::string& dtype, const std::string& dir) {
+    const DType dt = parse_dtype_option(dtype).compute;
+    for (const Released& r : kReleased) {
+      if (name == std::string(r.name) + "-pipeline") {
+        return qwen_image_write_zero_pipeline(released_config(r), r.edit, dt, dir);
+      }
+    }
+    const qwen::ConfigQwenImage c = config_of_model(name);
+    write_zero_folder(dir, c.to_json(), qwen::weight_table(c), dt);
   };
   f.tables = flux1_tables();
   f.runs_pipeline = [](const std::string& pipeline_class) {

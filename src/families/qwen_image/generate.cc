@@ -22,13 +22,20 @@
 #include "flowkv/error.h"
 #include "flowkv/generate.h"
 #include "flowkv/limits.h"
+#include "io/atomic_file.h"
 #include "io/checkpoint.h"
 #include "io/image.h"
 #include "io/pipeline_folder.h"
+#include "models/qwen25_vl/config.h"
 #include "models/qwen25_vl/prompt_encoder.h"
+#include "models/qwen25_vl/vision_config.h"
+#include "models/qwen25_vl/vision_weights.h"
+#include "models/qwen25_vl/weights.h"
 #include "models/qwen_image/config.h"
+#include "models/qwen_image/weights.h"
 #include "models/qwen_image_vae/image_processor.h"
 #include "models/qwen_image_vae/model.h"
+#include "models/qwen_image_vae/weights.h"
 #include "pipeline/condition_image.h"
 #include "pipeline/generate.h"
 #include "pipeline/identity.h"
@@ -274,7 +281,84 @@ class QwenImageSpec final : public pipeline::GenerateSpec {
   const std::optional<sched::FlowMatchConfig> scheduler_ = pipeline::pipeline_scheduler(p_);
 };
 
+// Qwen2.5-VL-7B-Instruct's config.json as Qwen-Image's text_encoder/ carries it (transformers
+// 4.x's flat layout: hidden 3584 = joint_attention_dim).
+Json qwen25_vl_7b_config() {
+  return Json::parse(R"({
+  "architectures": ["Qwen2_5_VLForConditionalGeneration"], "model_type": "qwen2_5_vl",
+  "torch_dtype": "bfloat16", "attention_dropout": 0.0, "bos_token_id": 151643,
+  "eos_token_id": 151645, "vision_start_token_id": 151652, "vision_end_token_id": 151653,
+  "vision_token_id": 151654, "image_token_id": 151655, "video_token_id": 151656,
+  "hidden_act": "silu", "hidden_size": 3584, "intermediate_size": 18944,
+  "max_position_embeddings": 128000, "max_window_layers": 28, "num_attention_heads": 28,
+  "num_hidden_layers": 28, "num_key_value_heads": 4, "rms_norm_eps": 1e-06,
+  "rope_theta": 1000000.0, "sliding_window": 32768, "tie_word_embeddings": false,
+  "use_cache": true, "use_sliding_window": false, "vocab_size": 152064,
+  "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
+  "vision_config": {
+    "depth": 32, "hidden_act": "silu", "hidden_size": 1280, "intermediate_size": 3420,
+    "num_heads": 16, "in_chans": 3, "out_hidden_size": 3584, "patch_size": 14,
+    "spatial_merge_size": 2, "spatial_patch_size": 14, "window_size": 112,
+    "fullatt_block_indexes": [7, 15, 23, 31], "tokens_per_second": 2,
+    "temporal_patch_size": 2}})");
+}
+
+// Qwen-Image's released processor/preprocessor_config.json.
+Json qwen_image_preprocessor_config() {
+  return Json::parse(R"({
+  "image_processor_type": "Qwen2VLImageProcessor", "do_convert_rgb": true,
+  "do_normalize": true, "do_rescale": true, "do_resize": true,
+  "image_mean": [0.48145466, 0.4578275, 0.40821073],
+  "image_std": [0.26862954, 0.26130258, 0.27577711], "merge_size": 2, "patch_size": 14,
+  "resample": 3, "rescale_factor": 0.00392156862745098, "min_pixels": 3136,
+  "max_pixels": 12845056, "temporal_patch_size": 2})");
+}
+
 }  // namespace
+
+void qwen_image_write_zero_pipeline(const qwen::ConfigQwenImage& transformer, bool edit,
+                                    DType dtype, const std::string& dir) {
+  const fs::path d(dir);
+  write_zero_folder((d / "transformer").string(), transformer.to_json(),
+                    qwen::weight_table(transformer), dtype);
+  const Json te = qwen25_vl_7b_config();
+  const qwen25_vl::Config tc = qwen25_vl::Config::from_json(te, "Qwen2.5-VL-7B config");
+  std::vector<ExpectedTensor> table = qwen25_vl::text_weight_table(tc);
+  for (const ExpectedTensor& e : qwen25_vl::vision_weight_table(
+           qwen25_vl::VisionConfig::from_model_config(te, "Qwen2.5-VL-7B config"),
+           qwen25_vl::kVisionPrefixV4)) {
+    table.push_back(e);
+  }
+  write_zero_folder((d / "text_encoder").string(), te, table, dtype);
+  const qwen_vae::Config vae;  // the class defaults are the released VAE
+  write_zero_folder((d / "vae").string(), vae.to_json(), qwen_vae::weight_table(vae), dtype);
+  fs::create_directories(d / "tokenizer");
+  if (edit) {
+    fs::create_directories(d / "processor");
+    write_file_atomic((d / "processor/preprocessor_config.json").string(),
+                      qwen_image_preprocessor_config().dump(2));
+  }
+  fs::create_directories(d / "scheduler");
+  const Json sched = {{"_class_name", "FlowMatchEulerDiscreteScheduler"},
+                      {"num_train_timesteps", 1000},
+                      {"shift", 1.0},
+                      {"use_dynamic_shifting", true},
+                      {"base_shift", 0.5},
+                      {"max_shift", 0.9},
+                      {"base_image_seq_len", 256},
+                      {"max_image_seq_len", 8192},
+                      {"shift_terminal", 0.02},
+                      {"time_shift_type", "exponential"}};
+  write_file_atomic((d / "scheduler/scheduler_config.json").string(), sched.dump(2));
+  Json index = {{"_class_name", edit ? "QwenImageEditPlusPipeline" : "QwenImagePipeline"},
+                {"scheduler", {"diffusers", "FlowMatchEulerDiscreteScheduler"}},
+                {"text_encoder", {"transformers", "Qwen2_5_VLForConditionalGeneration"}},
+                {"tokenizer", {"transformers", "Qwen2Tokenizer"}},
+                {"transformer", {"diffusers", "QwenImageTransformer2DModel"}},
+                {"vae", {"diffusers", "AutoencoderKLQwenImage"}}};
+  if (edit) index["processor"] = {"transformers", "Qwen2VLProcessor"};
+  write_file_atomic((d / "model_index.json").string(), index.dump(2));
+}
 
 std::shared_ptr<const pipeline::GenerateSpec> qwen_image_open_pipeline(const PipelineFolder& p,
                                                                        const PipelineOptions& o) {
