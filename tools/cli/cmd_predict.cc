@@ -155,6 +155,7 @@ void add_predict(CLI::App& app) {
       if (family.exact_cache.empty()) {  // nothing to predict: say why
         std::cout << "model:      " << p.model << "\n"
                   << rules << "No exact conditioning cache exists for this model.\n";
+        if (!family.no_exact_cache.empty()) std::cout << family.no_exact_cache << "\n";
         print_step_caches(o->caches, r.steps, p.branches);
         return 0;
       }

@@ -163,6 +163,14 @@ FamilyInfo info() {
   i.name = "qwen-image";
   i.title = "Qwen-Image (and Edit, Edit-Plus)";
   i.exact_cache = "";  // none
+  i.no_exact_cache =
+      "Why: Qwen-Image attends bidirectionally over [text, target, pictures], so the text and "
+      "the pictures read the noisy target at every step, and every token is modulated by the "
+      "step's time (Edit-2511's zero_cond_t fixes the pictures' time at 0, but they still read "
+      "the target). What it would take: a checkpoint trained so that the conditioning never "
+      "reads the target and is modulated at a fixed time, as Qwen-Image-2.1 (causal_condition) "
+      "and FLUX.2 Klein 9B KV are; caching this model's conditioning K/V anyway would be an "
+      "approximation. Step caches apply (--cache, e.g. fbcache:threshold=0.2).";
   i.images = "reference";
   for (const Released& r : kReleased) i.released.push_back(r.name);
   i.default_steps = 50;  // QwenImagePipeline / QwenImageEditPlusPipeline __call__
