@@ -42,6 +42,8 @@ KLEIN_REF = GOLDEN / "klein_pipeline" / "reference.png"
 Q21 = GOLDEN / "qwen21_pipeline" / "pipeline"
 Q21_RGBA = GOLDEN / "qwen21_pipeline" / "cond_rgba.png"
 Q21_RGB = GOLDEN / "qwen21_pipeline" / "cond_rgb.png"
+QI_EDIT = GOLDEN / "qwen_image_pipeline" / "pipeline"
+QI_PIC = GOLDEN / "qwen_image_pipeline" / "pic_b.png"
 
 ARGS = None
 TMP = None
@@ -575,6 +577,16 @@ def test_qwen21(q):
             assert "shift_terminal" in str(e), e
 
 
+def test_qwen_image_edit(q):
+    """Qwen-Image-Edit-Plus: one picture, RGB out, as flowkv generate."""
+    with open(QI_PIC, "rb") as f1:
+        r = q.client.images.edit(image=[f1], prompt=PROMPT, size="96x64",
+                                 extra_body={"steps": 2, "seed": 4})
+    got = pixels_of_b64(r.data[0].b64_json)
+    assert got[0] == (96, 64) and got[1] == "RGB", got[:2]
+    assert got == cli_generate(QI_EDIT, PROMPT, 4, 2, "96x64", refs=[QI_PIC])
+
+
 def main():
     global ARGS, TMP
     p = argparse.ArgumentParser()
@@ -622,6 +634,10 @@ def main():
     q = Server(Q21)
     run("qwen21_edit", test_qwen21, q)
     q.stop()
+
+    qi = Server(QI_EDIT)
+    run("qwen_image_edit", test_qwen_image_edit, qi)
+    qi.stop()
 
     c = Server(KLEIN, "--memory-budget", ARGS_BUDGET, "--timeout", "8", "--shutdown-grace", "0.5",
                "--queue", "1", "--max-steps", "10000")

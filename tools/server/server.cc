@@ -220,10 +220,24 @@ int serve(const ServeOptions& options) {
               [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
   }
   {
+    // A small request checks what opening cannot (tokenizer, scheduler) before any client
+    // comes. An editing pipeline (Qwen-Image-Edit-Plus) refuses one without a picture: then
+    // the same with a plain one.
     GenerateRequest probe;
     probe.prompt = "a";
     probe.width = probe.height = 256;
-    (void)s->pipeline.prepare(probe);
+    try {
+      (void)s->pipeline.prepare(probe);
+    } catch (const Error&) {
+      GenerateRequest with_picture = probe;
+      with_picture.images.push_back(
+          {.name = "probe", .encoded = {}, .decoded = Image::blank(256, 256, "probe")});
+      try {
+        (void)s->pipeline.prepare(with_picture);
+      } catch (const Error&) {
+        (void)s->pipeline.prepare(probe);  // the text-only request's error names the problem
+      }
+    }
   }
   StoreOptions so;
   so.ram_bytes = options.store_ram;
