@@ -615,9 +615,10 @@ TEST(GgufModels, QwenConfigThatShapesCannotTellIsAClearError) {
   test::expect_error([&] { Model::load(bare); }, {"axes_dims_rope", "config.json"});
 }
 
-// A config-less Qwen-Image (dual-stream) file: recognised, its config inferred, its cost
-// predicted (flowkv does not run Qwen-Image).
-TEST(GgufModels, QwenImageWithoutConfigIsInspectedAndPredicted) {
+// A config-less Qwen-Image (dual-stream) file, as the GGUF conversions in circulation keep
+// diffusers' names: recognised, its config inferred, its cost predicted, and it runs; its Q8_0
+// quantization runs close to it.
+TEST(GgufModels, QwenImageWithoutConfigIsInspectedPredictedAndRun) {
   qwen::ConfigQwenImage c;
   c.num_layers = 2;
   c.num_attention_heads = 1;
@@ -625,10 +626,15 @@ TEST(GgufModels, QwenImageWithoutConfigIsInspectedAndPredicted) {
   std::vector<TensorToWrite> list;
   for (const ExpectedTensor& e : qwen::weight_table(c))
     list.push_back({e.name, DType::kF32, e.shape});
-  std::vector<std::vector<float>> zeros;
+  std::vector<std::vector<float>> values;
+  uint32_t state = 7;
   for (TensorToWrite& t : list) {
-    zeros.emplace_back(static_cast<size_t>(shape_numel(t.shape)), 0.0f);
-    t.data = zeros.back().data();
+    values.emplace_back(static_cast<size_t>(shape_numel(t.shape)));
+    for (float& v : values.back()) {  // small deterministic weights
+      state = state * 1664525u + 1013904223u;
+      v = (static_cast<float>(state >> 8) / 16777216.0f - 0.5f) * 0.1f;
+    }
+    t.data = values.back().data();
   }
   test::TempDir dir;
   const std::string file = dir.path().string() + "/qwen-image.gguf";
@@ -640,6 +646,14 @@ TEST(GgufModels, QwenImageWithoutConfigIsInspectedAndPredicted) {
   EXPECT_EQ(parse_json(r.config_json, "report"), parse_json(c.to_json().dump(), "table"));
   const KVPrediction p = predict({.model = file, .text_tokens = 16, .target_tokens = 64});
   EXPECT_GT(p.uncached_step_flops, 0);
+  const std::string q8 = dir.path().string() + "/qwen-image-q8_0.gguf";
+  quantize_checkpoint(file, q8, DType::kQ8_0);
+  const Model m = Model::load(file), mq = Model::load(q8);
+  const DenoiseInputs in = example_inputs(
+      m, {.text_tokens = 8, .height = 4, .width = 4, .references = {{2, 4}}, .seed = 5});
+  const double e = nmse_of(forward(mq, in), forward(m, in));
+  EXPECT_GT(e, 0.0);
+  EXPECT_LT(e, 1e-3);
 }
 
 }  // namespace
