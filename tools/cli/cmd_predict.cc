@@ -60,7 +60,7 @@ void add_predict(CLI::App& app) {
     std::string prompt, negative;
     bool has_prompt = false, has_negative = false;
     std::vector<std::string> images;
-    float cfg_scale = 1.0f;
+    float cfg_scale = 0.0f;  // the pipeline's default
     int64_t resolution = 0;
     std::vector<std::string> caches;  // step caches whose expected work is printed
   };
@@ -96,7 +96,8 @@ void add_predict(CLI::App& app) {
                   "with -p: an image file, encoded at the pipeline's size (repeat for several)");
   cmd->add_option("-n,--negative", o->negative, "with -p: a negative prompt (CFG)")
       ->each([o](const std::string&) { o->has_negative = true; });
-  cmd->add_option("--cfg-scale", o->cfg_scale, "with -p: the guidance scale (CFG above 1)");
+  cmd->add_option("--cfg-scale", o->cfg_scale,
+                  "with -p: the guidance scale (CFG above 1; default: the pipeline's)");
   cmd->add_option("--resolution", o->resolution,
                   "with -p: Qwen-Image-2.1's condition-image resolution (default 1024)");
   cmd->add_option("--cache", o->caches,
@@ -156,6 +157,12 @@ void add_predict(CLI::App& app) {
         std::cout << "model:      " << p.model << "\n"
                   << rules << "No exact conditioning cache exists for this model.\n";
         if (!family.no_exact_cache.empty()) std::cout << family.no_exact_cache << "\n";
+        char line[160];
+        std::snprintf(line, sizeof line,
+                      "compute:    %.1f TFLOP per step (%d branch%s), %.1f TFLOP over %d steps\n",
+                      p.uncached_step_flops / 1e12, p.branches, p.branches > 1 ? "es" : "",
+                      p.uncached_step_flops * p.steps / 1e12, p.steps);
+        std::cout << line;
         print_step_caches(o->caches, r.steps, p.branches);
         return 0;
       }
