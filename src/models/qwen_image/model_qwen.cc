@@ -196,7 +196,9 @@ void mlp_output(const Run& r, const Stream& s, const StreamWeights& w, Mat y) {
 // ([2B, D] for the image stream under zero_cond_t, else [B, D]).
 void block(const Run& r, int64_t i, Stream& txt, Stream& img, const Mat& img_act,
            const Mat& txt_act, const uint8_t* key_valid, bool run) {
-  const auto& [wi, wt] = r.w.blocks[static_cast<size_t>(i)];
+  // Named references, not structured bindings: the lambdas below capture them.
+  const StreamWeights& wi = r.w.blocks[static_cast<size_t>(i)].first;
+  const StreamWeights& wt = r.w.blocks[static_cast<size_t>(i)].second;
   const ExecContext& ec = r.ec;
   const TraceBlock n{"transformer_blocks.", i};
   ArenaScope scope(r.ws);
