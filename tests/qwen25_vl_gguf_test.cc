@@ -277,6 +277,16 @@ TEST(Qwen25VLGguf, LlamaCppFilesGiveTheFolderOutputs) {
   const Outputs f16 = run(qwen25_vl::TextModel::load(q16), ref.vision);
   expect_bit_equal(o16.text, f16.text, "llama.cpp F16 against flowkv's F16, text");
   expect_bit_equal(o16.image, f16.image, "llama.cpp F16 against flowkv's F16, image prompt");
+  // Qwen2.5-VL-7B's files hold output.weight (untied embeddings): the LM head is not read.
+  {
+    LlamaFile f;
+    const TensorToWrite embed = f.tensor("token_embd.weight");
+    f.tensors.push_back({"output.weight", embed.dtype, embed.shape, embed.data});
+    const std::string path = f.write(tmp.file("untied.gguf"));
+    const qwen25_vl::TextModel m = qwen25_vl::TextModel::load(path);
+    EXPECT_FALSE(m.config().tie_word_embeddings);
+    expect_bit_equal(run(m, ref.vision).image, o16.image, "llama.cpp F16 with output.weight");
+  }
   const test::ErrorStats e = stats(o16.image, ref.out.image);
   EXPECT_LE(e.rel(), 2.5e-3);
   std::printf("  llama.cpp F16 against f32: max rel error %.3g, NMSE %.3g\n", e.rel(), e.nmse());
