@@ -334,7 +334,7 @@ CheckpointReader::CheckpointReader(const CheckpointScan& scan) {
   if (scan.gguf) {
     gguf_ = std::make_shared<GgufFile>(GgufFile::open(scan.gguf->path));
     // By the scan's names: a loader may hand in a scan whose tensors it renamed (a llama.cpp
-    // file's, models/qwen25_vl/gguf_names.h); TensorInfo::name stays the stored one.
+    // file's, models/qwen25_vl/source.h); TensorInfo::name stays the stored one.
     for (const auto& [name, t] : scan.tensors) index_[name] = {0, t};
     return;
   }
