@@ -287,6 +287,19 @@ TEST(Qwen25VLGguf, LlamaCppFilesGiveTheFolderOutputs) {
     EXPECT_FALSE(m.config().tie_word_embeddings);
     expect_bit_equal(run(m, ref.vision).image, o16.image, "llama.cpp F16 with output.weight");
   }
+  // Without a token list the ids come from the config.json beside the file.
+  {
+    LlamaFile f;
+    f.erase_key("tokenizer.ggml.tokens");
+    const fs::path d = tmp.path() / "no_tokens";
+    fs::create_directories(d);
+    fs::copy_file(te_dir() + "/config.json", d / "config.json");
+    f.write((d / "te.gguf").string());
+    expect_bit_equal(run(qwen25_vl::TextModel::load(d.string()), ref.vision).image, o16.image,
+                     "llama.cpp F16 without tokens, beside config.json");
+    expect_error([&] { qwen25_vl::TextModel::load((d / "te.gguf").string()); },
+                 {"image_token_id 151655 is outside the vocabulary [0, 2074)"});
+  }
   const test::ErrorStats e = stats(o16.image, ref.out.image);
   EXPECT_LE(e.rel(), 2.5e-3);
   std::printf("  llama.cpp F16 against f32: max rel error %.3g, NMSE %.3g\n", e.rel(), e.nmse());

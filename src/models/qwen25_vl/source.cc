@@ -218,7 +218,7 @@ bool is_llama_cpp_gguf(const GgufHeader& h) {
   return find_info(h, kEmbed) != nullptr;
 }
 
-Config config_from_llama_cpp(const GgufHeader& h) {
+Config config_from_llama_cpp(const GgufHeader& h, const Json* beside) {
   const std::string src = h.path;
   const GgufValue* arch = h.find("general.architecture");
   FLOWKV_CHECK(arch && arch->type == GgufType::kString, src,
@@ -286,6 +286,13 @@ Config config_from_llama_cpp(const GgufHeader& h) {
       if (it != tokens->as.end()) j[field] = it - tokens->as.begin();
     }
   }
+  // A config.json beside the file knows the ids (and the vision config) better.
+  if (beside && beside->is_object()) {
+    for (const char* key : {"image_token_id", "video_token_id", "vision_start_token_id",
+                            "vision_end_token_id", "vision_config"}) {
+      if (beside->contains(key)) j[key] = (*beside)[key];
+    }
+  }
   return Config::from_json(j, src + " (llama.cpp GGUF metadata)");
 }
 
@@ -324,7 +331,7 @@ static TextEncoderSource open_unguarded(const std::string& path) {
   if (r.has_config) beside = read_json_file(beside_path);
   s.scan = scan_checkpoint(r.target);
   if (s.scan.gguf && is_llama_cpp_gguf(*s.scan.gguf)) {
-    const Config meta = config_from_llama_cpp(*s.scan.gguf);
+    const Config meta = config_from_llama_cpp(*s.scan.gguf, beside ? &*beside : nullptr);
     s.llama_cpp = true;
     s.cfg = meta;
     if (beside) {

@@ -43,9 +43,10 @@ bool is_llama_cpp_gguf(const GgufHeader& h);
 // attention.layer_norm_rms_epsilon, rope.freq_base and rope.dimension_sections (t, h, w and a
 // zero), context_length when present; the vocabulary size from token_embd.weight's rows; the
 // image / video / vision start and end token ids from tokenizer.ggml.tokens when it holds
-// "<|image_pad|>" etc., else Qwen2_5_VLConfig's. An Error naming the key for one missing or
+// "<|image_pad|>" etc., else Qwen2_5_VLConfig's; with `beside` (a config.json next to the file),
+// its token ids and vision_config instead. An Error naming the key for one missing or
 // malformed, and for another architecture.
-Config config_from_llama_cpp(const GgufHeader& h);
+Config config_from_llama_cpp(const GgufHeader& h, const Json* beside = nullptr);
 
 // The language model's tensors of a llama.cpp GGUF under the transformers names
 // (Layout::kModel) the loader reads, after checking every one against the table of `cfg` in
