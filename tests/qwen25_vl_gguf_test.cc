@@ -10,6 +10,7 @@
 //  - malformed files: one Error naming the key or tensor, from the headers alone.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
@@ -259,6 +260,22 @@ TEST(Qwen25VLGguf, ConfigFromLlamaCppMetadata) {
   EXPECT_EQ(c.text.vocab_size, 2074);
   EXPECT_EQ(c.text.hidden_size, 32);
   EXPECT_EQ(c.mrope_section, (std::array<int64_t, 3>{1, 1, 2}));
+}
+
+TEST(Qwen25VLGguf, OneLayerSeedLoadsAndRuns) {
+  // The fuzz seed (python/ref/dump_qwen25_vl_gguf.py one_layer): the whole path, token ids from
+  // its six-token list.
+  const qwen25_vl::TextModel m =
+      qwen25_vl::TextModel::load(golden("qwen25_vl_gguf/one_layer.gguf"));
+  EXPECT_EQ(m.config().text.num_hidden_layers, 1);
+  EXPECT_EQ(m.config().text.vocab_size, 6);
+  EXPECT_EQ(m.config().image_token_id, 1);
+  EXPECT_EQ(m.config().vision_end_token_id, 4);
+  Ctx ctx;
+  const std::vector<int32_t> a = {0, 5, 3, 4, 5};
+  const Tensor out = m.forward(ctx.ec, {.ids = a});
+  EXPECT_EQ(out.shape(), (Shape{5, 8}));
+  EXPECT_TRUE(std::isfinite(out.f32()[39]));
 }
 
 TEST(Qwen25VLGguf, LlamaCppFilesGiveTheFolderOutputs) {

@@ -15,8 +15,10 @@ package (llama.cpp's gguf-py) with numpy only, the way llama.cpp's convert_hf_to
   rope.freq_base, rope.dimension_sections padded with a zero to 4, context_length), and a
   tokenizer.ggml.tokens list (placeholder texts, the four vision tokens at the config's ids).
 
-Writes tests/golden/qwen25_vl_gguf/text_encoder-f16.gguf. Deterministic: running it again
-writes an identical file.
+Writes tests/golden/qwen25_vl_gguf/text_encoder-f16.gguf, and one_layer.gguf: a 3 KB file of the
+same form (one layer of width 8, random F32 weights, a six-token list), small enough to be a
+good seed for the GGUF fuzz target (tests/fuzz/make_seeds.sh copies every golden .gguf).
+Deterministic: running it again writes identical files.
 Usage: python/ref/.venv/bin/python python/ref/dump_qwen25_vl_gguf.py [out_dir]
 """
 import json
@@ -31,6 +33,36 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 SRC = os.path.join(ROOT, "tests", "golden", "qwen_image_pipeline", "pipeline", "text_encoder")
 VISION_TOKENS = {"image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>",
                  "vision_start_token_id": "<|vision_start|>", "vision_end_token_id": "<|vision_end|>"}
+
+
+def one_layer(path):
+    rng = np.random.default_rng(0)
+    w = gguf.GGUFWriter(path, "qwen2vl")
+    w.add_embedding_length(8)
+    w.add_block_count(1)
+    w.add_feed_forward_length(8)
+    w.add_head_count(2)
+    w.add_head_count_kv(1)
+    w.add_rope_freq_base(1e6)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_dimension_sections([1, 1, 0, 0])
+    w.add_context_length(64)
+    w.add_token_list(["a", "<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>", "b"])
+
+    def f(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+
+    w.add_tensor("token_embd.weight", f(6, 8))
+    w.add_tensor("output_norm.weight", f(8))
+    for name, shape in [("attn_norm.weight", (8,)), ("attn_q.weight", (8, 8)), ("attn_q.bias", (8,)),
+                        ("attn_k.weight", (4, 8)), ("attn_k.bias", (4,)), ("attn_v.weight", (4, 8)),
+                        ("attn_v.bias", (4,)), ("attn_output.weight", (8, 8)), ("ffn_norm.weight", (8,)),
+                        ("ffn_gate.weight", (8, 8)), ("ffn_up.weight", (8, 8)), ("ffn_down.weight", (8, 8))]:
+        w.add_tensor("blk.0." + name, f(*shape))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
 
 
 def main():
@@ -78,6 +110,7 @@ def main():
     w.close()
     for name, new in names:
         print(f"{name} -> {new}")
+    one_layer(os.path.join(out, "one_layer.gguf"))
 
 
 if __name__ == "__main__":
