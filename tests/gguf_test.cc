@@ -228,6 +228,16 @@ TEST(GgufReader, CustomAlignment) {
   expect_error([&] { f.view("missing"); }, {"no tensor", "missing"});
 }
 
+TEST(GgufReader, FoldedShapeFromThePackage) {
+  // A 4-D tensor with flowkv.shape.<name> (gguf-py writes the sizes as INT32): read 5-D; a 4-D
+  // tensor without the key stays as stored.
+  const GgufFile f = GgufFile::open(std::string(FLOWKV_GOLDEN_DIR) + "/gguf/folded.gguf");
+  const Tensor w = f.view("conv.weight");
+  EXPECT_EQ(w.shape(), (Shape{2, 3, 2, 4, 5}));
+  EXPECT_TRUE(std::isfinite(w.f32()[2 * 3 * 2 * 4 * 5 - 1]));
+  EXPECT_EQ(f.view("plain").shape(), (Shape{1, 2, 1, 3}));
+}
+
 // ---- writer ----
 
 TEST(GgufWriter, RoundTrip) {

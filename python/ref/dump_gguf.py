@@ -12,7 +12,9 @@ and, for the types the package quantizes in numpy (F16, BF16, Q8_0, Q4_0, Q4_1, 
   quant.<TYPE>         the package's quantization of them.
 Its metadata has one key of every GGUF value type (scalars, a string, arrays of numbers, of
 strings and of bools) for the reader test. tests/golden/gguf/aligned64.gguf is a small file with
-general.alignment = 64.
+general.alignment = 64. tests/golden/gguf/folded.gguf holds a 5-D tensor the way flowkv's
+writer stores one (io/gguf.h): its leading sizes folded into one 4-D tensor, the shape in metadata
+"flowkv.shape.<name>" (INT64 array), and a 4-D tensor without such a key.
 
 Deterministic (fixed seed): running it again writes identical files.
 Usage: python/ref/.venv/bin/python python/ref/dump_gguf.py [out_dir]
@@ -127,6 +129,19 @@ def dump_aligned(path, rng):
     w.close()
 
 
+def dump_folded(path, rng):
+    w = gguf.GGUFWriter(path, "flowkv-test")
+    shape = [2, 3, 2, 4, 5]
+    x = rng.standard_normal(shape).astype(np.float32)
+    w.add_tensor("conv.weight", x.reshape(6, 2, 4, 5))
+    w.add_array("flowkv.shape.conv.weight", np.array(shape, dtype=np.int64).tolist())
+    w.add_tensor("plain", rng.standard_normal((1, 2, 1, 3)).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(here, "..", "..", "tests", "golden", "gguf")
@@ -134,6 +149,7 @@ def main():
     rng = np.random.default_rng(20261201)
     dump_types(os.path.join(out, "types.gguf"), rng)
     dump_aligned(os.path.join(out, "aligned64.gguf"), rng)
+    dump_folded(os.path.join(out, "folded.gguf"), rng)
     print("wrote", out)
 
 

@@ -333,7 +333,9 @@ void write_zero_folder(const std::string& dir, const Json& config,
 CheckpointReader::CheckpointReader(const CheckpointScan& scan) {
   if (scan.gguf) {
     gguf_ = std::make_shared<GgufFile>(GgufFile::open(scan.gguf->path));
-    for (const TensorInfo& t : gguf_->header().tensors) index_[t.name] = {0, t};
+    // By the scan's names: a loader may hand in a scan whose tensors it renamed (a llama.cpp
+    // file's, models/qwen25_vl/source.h); TensorInfo::name stays the stored one.
+    for (const auto& [name, t] : scan.tensors) index_[name] = {0, t};
     return;
   }
   for (const std::string& f : scan.files) files_.push_back(SafetensorsFile::open(f));

@@ -76,7 +76,8 @@ const TensorInfo* find_tensor(const std::map<std::string, TensorInfo>& tensors,
 std::string format_problems(const std::string& headline, const std::vector<std::string>& lines,
                             size_t max_lines = 40);
 
-// Maps the files of a scan and hands out tensor views.
+// Maps the files of a scan and hands out tensor views. For a GGUF scan the names are the keys of
+// scan.tensors, which a loader may have renamed (TensorInfo::name keeps the stored name).
 //
 // Residency: loaders consume tensors one at a time (pack a copy, or keep the view). Each get()
 // drops the resident mapped pages of the tensor the previous get() returned, and the reader's

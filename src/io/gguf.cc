@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -15,6 +16,8 @@ namespace {
 
 constexpr uint32_t kMagic = 0x46554747;  // "GGUF" read as a little-endian u32
 constexpr int kMaxDims = 4;              // GGML_MAX_DIMS
+// A tensor of more dimensions is stored folded to 4 (gguf.h: kGgufShapeKey).
+constexpr int kMaxShapeDims = 8;
 constexpr int64_t kDefaultAlignment = 32;
 constexpr int64_t kMaxAlignment = int64_t{1} << 30;
 
@@ -407,6 +410,46 @@ const GgufValue* GgufHeader::find(std::string_view key) const {
   return nullptr;
 }
 
+namespace {
+
+// flowkv.shape.<name>: the PyTorch shape of a tensor write_gguf folded to 4 dimensions. Checked
+// against the stored tensor (5 to kMaxShapeDims sizes, the innermost three as stored, the same
+// element count) before it replaces the stored shape.
+void restore_folded_shapes(GgufHeader& h) {
+  const std::string prefix = kGgufShapeKey;
+  std::map<std::string_view, TensorInfo*> by_name;
+  for (TensorInfo& t : h.tensors) by_name.emplace(t.name, &t);
+  for (const auto& [key, v] : h.metadata) {
+    if (!key.starts_with(prefix)) continue;
+    const std::string what = h.path + ": metadata \"" + key + "\"";
+    auto it = by_name.find(std::string_view(key).substr(prefix.size()));
+    FLOWKV_CHECK(it != by_name.end(), what, " names no tensor of the file");
+    TensorInfo& t = *it->second;
+    const bool ints = v.type == GgufType::kArray && (v.ai.size() > 0 || v.au.size() > 0);
+    const int64_t n = v.array_size();
+    FLOWKV_CHECK(ints && n >= kMaxDims + 1 && n <= kMaxShapeDims, what,
+                 " must be an integer array of ", kMaxDims + 1, " to ", kMaxShapeDims,
+                 " sizes (the shape of a tensor stored folded to ", kMaxDims, " dimensions)");
+    Shape shape;
+    for (int64_t k = 0; k < n; ++k) {
+      const auto z = static_cast<size_t>(k);
+      const bool ok = v.ai.empty() ? (v.au[z] >= 1 && v.au[z] <= static_cast<uint64_t>(INT64_MAX))
+                                   : v.ai[z] >= 1;
+      FLOWKV_CHECK(ok, what, ": size ", k, " is not a positive integer");
+      shape.push_back(v.ai.empty() ? static_cast<int64_t>(v.au[z]) : v.ai[z]);
+    }
+    const int64_t numel = checked_numel(shape, what + " element count");
+    FLOWKV_CHECK(t.shape.size() == static_cast<size_t>(kMaxDims) &&
+                     std::equal(t.shape.end() - 3, t.shape.end(), shape.end() - 3) &&
+                     numel == shape_numel(t.shape),
+                 what, ": shape ", shape_str(shape), " does not fold to the stored ",
+                 shape_str(t.shape), " (its leading sizes multiplied, the last three kept)");
+    t.shape = std::move(shape);
+  }
+}
+
+}  // namespace
+
 GgufHeader parse_gguf_header(const std::string& path, const void* data, int64_t size,
                              int64_t file_size) {
   FLOWKV_CHECK(size >= 0 && size <= file_size, path, ": ", size,
@@ -496,6 +539,7 @@ GgufHeader parse_gguf_header(const std::string& path, const void* data, int64_t 
     h.tensors.push_back(std::move(ti));
   }
   h.data_start = align_up(c.pos(), h.alignment, path + ": data section start");
+  restore_folded_shapes(h);
 
   // Every tensor inside the data section, none overlapping another, each aligned in memory.
   const int64_t data_bytes = file_size - std::min(file_size, h.data_start);
@@ -633,8 +677,27 @@ void put_value(Out& o, const std::string& key, const GgufValue& v) {
 void write_gguf(const std::string& path, const GgufMetadata& metadata,
                 const std::vector<TensorToWrite>& tensors) {
   int64_t alignment = kDefaultAlignment;
+  // Tensors of more than 4 dimensions: stored with their leading sizes folded into one, the
+  // shape kept in metadata for the reader (parse_gguf_header restores it).
+  GgufMetadata meta = metadata;
+  std::vector<Shape> stored;
+  for (const TensorToWrite& t : tensors) {
+    stored.push_back(t.shape);
+    if (t.shape.size() <= static_cast<size_t>(kMaxDims)) continue;
+    FLOWKV_CHECK(t.shape.size() <= static_cast<size_t>(kMaxShapeDims), "write_gguf ", path,
+                 ": tensor \"", t.name, "\" has ", t.shape.size(), " dimensions (1 to ",
+                 kMaxShapeDims, ")");
+    const auto last = t.shape.end() - 3;
+    const int64_t lead = checked_numel(Shape(t.shape.begin(), last), "write_gguf: " + t.name);
+    stored.back() = {lead, last[0], last[1], last[2]};
+    GgufValue v;
+    v.type = GgufType::kArray;
+    v.array_type = GgufType::kI64;
+    v.ai.assign(t.shape.begin(), t.shape.end());
+    meta.emplace_back(kGgufShapeKey + t.name, std::move(v));
+  }
   std::set<std::string> keys;
-  for (const auto& [k, v] : metadata) {
+  for (const auto& [k, v] : meta) {
     FLOWKV_CHECK(keys.insert(k).second, "write_gguf ", path, ": metadata key \"", k,
                  "\" given twice");
     const int64_t n = v.array_size();
@@ -653,28 +716,30 @@ void write_gguf(const std::string& path, const GgufMetadata& metadata,
   o.put<uint32_t>(kMagic);
   o.put<uint32_t>(3);
   o.put<uint64_t>(tensors.size());
-  o.put<uint64_t>(metadata.size());
-  for (const auto& [k, v] : metadata) {
+  o.put<uint64_t>(meta.size());
+  for (const auto& [k, v] : meta) {
     o.str(k);
     put_value(o, k, v);
   }
   std::set<std::string> names;
   std::vector<int64_t> sizes;
   int64_t offset = 0;
-  for (const TensorToWrite& t : tensors) {
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    const TensorToWrite& t = tensors[k];
+    const Shape& shape = stored[k];
     FLOWKV_CHECK(names.insert(t.name).second, "write_gguf ", path, ": tensor \"", t.name,
                  "\" given twice");
-    FLOWKV_CHECK(!t.shape.empty() && t.shape.size() <= kMaxDims, "write_gguf ", path, ": tensor \"",
-                 t.name, "\" has ", t.shape.size(), " dimensions (1 to ", kMaxDims, ")");
-    const int64_t numel = checked_numel(t.shape, "write_gguf: tensor " + t.name);
-    FLOWKV_CHECK(t.shape.back() % dtype_block(t.dtype) == 0, "write_gguf ", path, ": tensor \"",
-                 t.name, "\" rows of ", t.shape.back(), " are not whole ", dtype_name(t.dtype),
+    FLOWKV_CHECK(!shape.empty() && shape.size() <= kMaxDims, "write_gguf ", path, ": tensor \"",
+                 t.name, "\" has ", shape.size(), " dimensions (1 to ", kMaxDims, ")");
+    const int64_t numel = checked_numel(shape, "write_gguf: tensor " + t.name);
+    FLOWKV_CHECK(shape.back() % dtype_block(t.dtype) == 0, "write_gguf ", path, ": tensor \"",
+                 t.name, "\" rows of ", shape.back(), " are not whole ", dtype_name(t.dtype),
                  " blocks");
     const int64_t bytes = checked_mul(numel / dtype_block(t.dtype), dtype_block_bytes(t.dtype),
                                       "write_gguf: tensor " + t.name);
     o.str(t.name);
-    o.put<uint32_t>(static_cast<uint32_t>(t.shape.size()));
-    for (size_t d = t.shape.size(); d-- > 0;) o.put<uint64_t>(static_cast<uint64_t>(t.shape[d]));
+    o.put<uint32_t>(static_cast<uint32_t>(shape.size()));
+    for (size_t d = shape.size(); d-- > 0;) o.put<uint64_t>(static_cast<uint64_t>(shape[d]));
     o.put<uint32_t>(ggml_type_of(t.dtype));
     o.put<uint64_t>(static_cast<uint64_t>(offset));
     sizes.push_back(bytes);

@@ -110,10 +110,17 @@ class GgufFile {
   std::shared_ptr<MappedFile> map_;
 };
 
+// ggml allows 4 dimensions. write_gguf stores a tensor of 5 to 8 (a Conv3d weight) folded to 4,
+// its leading sizes multiplied into one and the innermost three kept (rows unchanged), and
+// records its PyTorch shape as metadata "flowkv.shape.<tensor name>" (an INT64 array);
+// parse_gguf_header checks that key against the stored tensor and restores the shape, so flowkv
+// reads the tensor back as written (other readers see the folded 4-D tensor).
+inline constexpr const char* kGgufShapeKey = "flowkv.shape.";
+
 // Writes a GGUF v3 file atomically (a temporary renamed into place). Metadata keys must be
 // unique; general.alignment, if given, must be a power-of-two U32 and sets the data alignment.
-// Tensor shapes are in PyTorch order (written reversed, ggml order); quantized tensors hold
-// dtype_bytes(dtype, numel) bytes of ggml blocks.
+// Tensor shapes are in PyTorch order (written reversed, ggml order; more than 4 dimensions
+// folded as above); quantized tensors hold dtype_bytes(dtype, numel) bytes of ggml blocks.
 void write_gguf(const std::string& path, const GgufMetadata& metadata,
                 const std::vector<TensorToWrite>& tensors);
 

@@ -3,13 +3,17 @@
 // data section runs on past the input). A successful parse must leave every tensor inside the
 // data section, aligned, sized by its shape and type, without overlaps; the tensors whose bytes
 // are inside the input are then dequantized row by row (ASan checks that no read leaves them).
+// A header in llama.cpp's Qwen2.5-VL names ("qwen2vl") also goes through the config built from
+// its metadata and the tensor renaming (models/qwen25_vl/source.h).
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "fuzz_common.h"
 #include "io/gguf.h"
+#include "models/qwen25_vl/source.h"
 #include "quant/quant.h"
 
 namespace {
@@ -78,6 +82,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const GgufHeader h = flowkv::parse_gguf_header("fuzz.gguf", data, n, file_size);
       check_invariants(h, file_size);
       dequantize_all(h, data, n);
+      if (flowkv::qwen25_vl::is_llama_cpp_gguf(h)) {
+        const auto cfg = flowkv::qwen25_vl::config_from_llama_cpp(h);
+        std::map<std::string, flowkv::TensorInfo> tensors;
+        for (const flowkv::TensorInfo& t : h.tensors) tensors.emplace(t.name, t);
+        const auto renamed = flowkv::qwen25_vl::rename_llama_cpp_tensors(tensors, cfg, h.path);
+        FUZZ_ASSERT(static_cast<int64_t>(renamed.size()) == 2 + 12 * cfg.text.num_hidden_layers,
+                    "renamed %zu tensors", renamed.size());
+      }
     });
   }
   return 0;

@@ -9,6 +9,7 @@
 #include "io/json.h"
 #include "models/qwen25_vl/config.h"
 #include "models/qwen25_vl/prompt.h"
+#include "models/qwen25_vl/source.h"
 #include "models/qwen25_vl/text_model.h"
 #include "models/qwen25_vl/vision.h"
 #include "models/qwen3_vl/image_processor.h"
@@ -28,8 +29,7 @@ struct Parts {
 // The configs and tokenizer, checked against each other.
 Parts read_parts(const std::string& text_encoder_dir, const std::string& tokenizer_dir,
                  const std::string& processor_dir) {
-  const std::string config = text_encoder_dir + "/config.json";
-  Parts p{Config::from_json(read_json_file(config), config), std::nullopt,
+  Parts p{text_encoder_config(text_encoder_dir), std::nullopt,
           text::Tokenizer::from_folder(tokenizer_dir), Template::kTextToImage};
   if (!processor_dir.empty()) {
     p.tmpl = Template::kEditPlus;
@@ -58,8 +58,7 @@ struct PromptEncoder::Impl {
 };
 
 EncoderShape encoder_shape(const std::string& text_encoder_dir) {
-  const std::string config = text_encoder_dir + "/config.json";
-  return {Config::from_json(read_json_file(config), config).text.hidden_size};
+  return {text_encoder_config(text_encoder_dir).text.hidden_size};
 }
 
 PromptCounts prompt_counts(const std::string& text_encoder_dir, const std::string& tokenizer_dir,

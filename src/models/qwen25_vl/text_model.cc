@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <filesystem>
 
 #include "core/checked.h"
 #include "core/memory.h"
@@ -13,14 +12,13 @@
 #include "flowkv/limits.h"
 #include "io/mapped_file.h"
 #include "models/common/blocks.h"
+#include "models/qwen25_vl/source.h"
 #include "models/qwen3/decoder.h"
 #include "models/qwen3/weights.h"
 #include "ops/linear.h"
 #include "ops/ops.h"
 
 namespace flowkv::qwen25_vl {
-
-namespace fs = std::filesystem;
 
 struct TextModel::Weights {
   Config cfg;
@@ -164,16 +162,8 @@ std::vector<int64_t> rope_positions(const Config& c, std::span<const int32_t> id
 }
 
 TextModel TextModel::load(const std::string& path, const LoadOptions& opts) {
-  const std::string sub = (fs::path(path) / "text_encoder").string();
-  const bool pipeline = !path_exists((fs::path(path) / "config.json").string()) &&
-                        path_exists((fs::path(sub) / "config.json").string());
-  const std::string dir = pipeline ? sub : path;
-  const CheckpointScan scan = scan_checkpoint(dir);
-  FLOWKV_CHECK(scan.config.has_value(), scan.path,
-               ": a Qwen2.5-VL text encoder needs its config.json (transformers' "
-               "Qwen2_5_VLConfig)");
-  const Config cfg = Config::from_json(*scan.config, scan.path + "/config.json");
-  return from_scan(scan, cfg, opts);
+  const TextEncoderSource s = open_text_encoder(path);
+  return from_scan(s.scan, s.cfg, opts);
 }
 
 TextModel TextModel::from_scan(const CheckpointScan& scan, const Config& cfg,

@@ -77,8 +77,9 @@ std::vector<int64_t> rope_positions(const Config& c, std::span<const int32_t> id
 class TextModel {
  public:
   // A text_encoder/ folder (config.json of a Qwen2_5_VLForConditionalGeneration with its
-  // safetensors, either tensor layout), or a pipeline folder holding text_encoder/. Only the
-  // language model's tensors are read; the vision tower's and lm_head are left alone.
+  // safetensors, either tensor layout), or a pipeline folder holding text_encoder/, or a GGUF
+  // (flowkv quantize's, or llama.cpp's "qwen2vl"; given itself or in such a folder: source.h).
+  // Only the language model's tensors are read; the vision tower's and lm_head are left alone.
   static TextModel load(const std::string& text_encoder_dir, const LoadOptions& opts = {});
   static TextModel from_scan(const CheckpointScan& scan, const Config& cfg,
                              const LoadOptions& opts);

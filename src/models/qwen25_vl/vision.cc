@@ -5,13 +5,13 @@
 #include "models/qwen25_vl/vision.h"
 
 #include <cstring>
-#include <filesystem>
 
 #include "core/checked.h"
 #include "core/memory.h"
 #include "flowkv/error.h"
 #include "io/mapped_file.h"
 #include "models/common/blocks.h"
+#include "models/qwen25_vl/source.h"
 #include "models/qwen25_vl/vision_weights.h"
 #include "ops/linear.h"
 #include "ops/ops.h"
@@ -42,8 +42,6 @@ struct VisionTower::Weights {
 };
 
 namespace {
-
-namespace fs = std::filesystem;
 
 std::vector<float> vec(const Tensor& t) {
   const Tensor f = t.to_f32();
@@ -228,16 +226,14 @@ VisionTower VisionTower::load(const CheckpointScan& scan, const VisionConfig& cf
 }
 
 VisionTower VisionTower::load(const std::string& path, const VisionLoadOptions& opts) {
-  const std::string sub = (fs::path(path) / "text_encoder").string();
-  const bool pipeline = !path_exists((fs::path(path) / "config.json").string()) &&
-                        path_exists((fs::path(sub) / "config.json").string());
-  const std::string dir = pipeline ? sub : path;
-  const CheckpointScan scan = scan_checkpoint(dir);
-  FLOWKV_CHECK(scan.config.has_value(), scan.path,
-               ": a Qwen2.5-VL text encoder needs its config.json (Qwen2_5_VLConfig)");
-  const VisionConfig cfg =
-      VisionConfig::from_model_config(*scan.config, scan.path + "/config.json");
-  return load(scan, cfg, detect_vision_prefix(scan), opts);
+  const TextEncoderSource s = open_text_encoder(path);
+  FLOWKV_CHECK(!s.llama_cpp, s.scan.path,
+               ": the text encoder GGUF holds no vision tower; llama.cpp keeps Qwen2.5-VL's in a "
+               "separate mmproj file, which flowkv does not read. Text-to-image prompts work with "
+               "it; prompts with pictures (Edit-Plus) need the diffusers text_encoder/ folder or "
+               "a GGUF written from it by `flowkv quantize`");
+  const VisionConfig cfg = VisionConfig::from_model_config(*s.model_config, s.config_path);
+  return load(s.scan, cfg, detect_vision_prefix(s.scan), opts);
 }
 
 const VisionConfig& VisionTower::config() const {

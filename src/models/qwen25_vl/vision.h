@@ -32,7 +32,8 @@ class VisionTower {
   static VisionTower load(const CheckpointScan& scan, const VisionConfig& cfg,
                           const std::string& prefix, const VisionLoadOptions& opts = {});
   // A text_encoder/ folder (config.json with vision_config, and its safetensors; the prefix is
-  // detected), or a pipeline folder holding text_encoder/.
+  // detected), or a pipeline folder holding text_encoder/, or a GGUF `flowkv quantize` wrote
+  // from one (source.h). A llama.cpp GGUF (no vision tower) is an Error saying so.
   static VisionTower load(const std::string& path, const VisionLoadOptions& opts = {});
 
   const VisionConfig& config() const;
