@@ -240,6 +240,40 @@ TEST(QwenImagePipeline, MismatchedComponentsAreRefused) {
   }
 }
 
+// A llama.cpp GGUF of the language model as the text encoder (how ComfyUI users hold it): text to
+// image runs; Edit-Plus, which needs the vision tower llama.cpp keeps elsewhere, is refused when
+// the folder opens, naming the fix.
+TEST(QwenImagePipeline, LlamaCppTextEncoderServesTextToImageOnly) {
+  test::TempDir tmp;
+  namespace fs = std::filesystem;
+  for (const char* name : {"pipeline", "pipeline_t2i"}) {
+    const fs::path copy = tmp.path() / name;
+    fs::create_directories(copy);
+    for (const auto& e : fs::directory_iterator(dir() + "/pipeline")) {
+      if (e.path().filename() != "text_encoder")
+        fs::create_directory_symlink(fs::canonical(e.path()), copy / e.path().filename());
+    }
+    fs::create_directories(copy / "text_encoder");
+    fs::copy_file(dir() + "/pipeline/text_encoder/config.json", copy / "text_encoder/config.json");
+    fs::copy_file(golden("qwen25_vl_gguf/text_encoder-f16.gguf"),
+                  copy / "text_encoder/text_encoder-f16.gguf");
+  }
+  fs::remove(tmp.path() / "pipeline_t2i/model_index.json");
+  fs::copy_file(dir() + "/pipeline_t2i/model_index.json",
+                tmp.path() / "pipeline_t2i/model_index.json");
+  try {
+    (void)Pipeline::open((tmp.path() / "pipeline").string());
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no vision tower"), std::string::npos) << e.what();
+  }
+  const GenerateResult res = generate((tmp.path() / "pipeline_t2i").string(), request("t2i"));
+  const Image want = load_image(dir() + "/t2i/output.png", PixelFormat::kRGB);
+  const test::PixelDiff d = test::diff_pixels(res.pixels, want.pixels);
+  std::printf("t2i with an f16 llama.cpp text encoder: max %d off diffusers' f32\n", d.worst);
+  EXPECT_LE(d.worst, 8);
+}
+
 TEST(QwenImagePipeline, InspectListsTheComponents) {
   const InspectReport r = inspect(dir() + "/pipeline");
   EXPECT_EQ(r.pipeline_class, "QwenImageEditPlusPipeline");

@@ -28,6 +28,7 @@
 #include "io/pipeline_folder.h"
 #include "models/qwen25_vl/config.h"
 #include "models/qwen25_vl/prompt_encoder.h"
+#include "models/qwen25_vl/source.h"
 #include "models/qwen25_vl/vision_config.h"
 #include "models/qwen25_vl/vision_weights.h"
 #include "models/qwen25_vl/weights.h"
@@ -76,10 +77,10 @@ Components check_components(const PipelineFolder& p) {
   c.tokenizer = p.component("tokenizer").path;
   if (c.edit) c.processor = p.component("processor").path;
   FLOWKV_CHECK(path_exists(c.transformer), c.transformer, ": missing (model_index.json names it)");
-  for (const std::string* d : {&c.text_encoder, &c.vae}) {
-    FLOWKV_CHECK(path_exists(config_path(*d)), *d, ": missing (model_index.json names it, but ",
-                 config_path(*d), " does not exist)");
-  }
+  FLOWKV_CHECK(path_exists(c.text_encoder), c.text_encoder,
+               ": missing (model_index.json names it)");
+  FLOWKV_CHECK(path_exists(config_path(c.vae)), c.vae, ": missing (model_index.json names it, but ",
+               config_path(c.vae), " does not exist)");
   if (c.edit) {
     FLOWKV_CHECK(path_exists(c.processor + "/preprocessor_config.json"), c.processor,
                  "/preprocessor_config.json: missing (the Qwen2-VL processor of the pipeline)");
@@ -87,7 +88,15 @@ Components check_components(const PipelineFolder& p) {
   const CheckpointScan ts = scan_checkpoint(c.transformer);
   c.transformer_cfg = qwen::config_qwen_image_of(ts);
   c.vae_cfg = qwen_vae::Config::from_json(read_json_file(config_path(c.vae)), config_path(c.vae));
-  const qwen25_vl::EncoderShape te = qwen25_vl::encoder_shape(c.text_encoder);
+  // The text encoder may be a folder, a GGUF written by flowkv quantize, or a llama.cpp GGUF
+  // (qwen25_vl/source.h): the last has no vision tower, which Edit-Plus needs.
+  const qwen25_vl::TextEncoderSource te_source = qwen25_vl::open_text_encoder(c.text_encoder);
+  FLOWKV_CHECK(!c.edit || !te_source.llama_cpp, c.text_encoder,
+               ": a llama.cpp GGUF of the language model holds no vision tower (llama.cpp keeps it "
+               "in a separate mmproj file, which flowkv does not read), and Edit-Plus reads the "
+               "pictures with it: use the diffusers text_encoder/ folder or a GGUF written from it "
+               "by flowkv quantize");
+  const qwen25_vl::EncoderShape te{te_source.cfg.text.hidden_size};
   const qwen::ConfigQwenImage& t = c.transformer_cfg;
   FLOWKV_CHECK(te.hidden_size == t.joint_attention_dim, p.path, ": the text encoder's hidden size ",
                te.hidden_size, " does not fit the transformer's joint_attention_dim ",
