@@ -12,6 +12,7 @@
 #include "flowkv/io.h"
 #include "flowkv/limits.h"
 #include "flowkv/pipeline.h"
+#include "flowkv/step_cache.h"
 #include "flowkv/store.h"
 #include "inputs.h"
 #include "measure.h"
@@ -161,6 +162,21 @@ int run(Opts o) {
       std::fprintf(stderr,
                    "warning: the prompt was longer than the text encoder reads; its end was "
                    "cut (as diffusers does)\n");
+    }
+    // What each step cache did, call by call (C computed, s skipped, p predicted, r reused,
+    // a approximated), and the guidance, so a user sees the saving and the settings.
+    for (const StepCacheStats& sc : res.step_caches) {
+      std::fprintf(stderr, "step cache %s (%s): %s; %lld of %lld blocks skipped\n", sc.name.c_str(),
+                   sc.settings.c_str(), sc.decisions.c_str(),
+                   static_cast<long long>(sc.blocks_skipped),
+                   static_cast<long long>(sc.blocks_skipped + sc.blocks_run));
+    }
+    const size_t cfg_at = res.parameters.find("CFG scale: ");
+    if (cfg_at != std::string::npos) {
+      const size_t end = res.parameters.find(',', cfg_at);
+      std::fprintf(
+          stderr, "guidance: %s\n",
+          res.parameters.substr(cfg_at, end == std::string::npos ? end : end - cfg_at).c_str());
     }
     const std::string out = numbered(o.out, i, o.prompts.size());
     save_png(out, res);

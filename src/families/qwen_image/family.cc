@@ -6,6 +6,7 @@
 #include "families/flux2/impl.h"
 #include "families/forward_run.h"
 #include "flowkv/error.h"
+#include "models/qwen_image/builtin.h"
 #include "models/qwen_image/config.h"
 #include "models/qwen_image/model_qwen.h"
 #include "models/qwen_image/weights.h"
@@ -46,6 +47,8 @@ qwen::ConfigQwenImage config_of_model(const std::string& model) {
   for (const Released& r : kReleased) {
     if (model == r.name) return released_config(r);
   }
+  qwen::ConfigQwenImage c;
+  if (qwen::builtin_config_qwen_image(model, &c)) return c;
   if (const std::optional<Json> j = config_of(model)) {
     return qwen::ConfigQwenImage::from_json(*j, model);
   }
@@ -146,6 +149,37 @@ class QwenImageModel final : public FamilyModel {
   bool int8_;
 };
 
+std::shared_ptr<const FamilyModel> builtin_model(const std::string& name, uint64_t seed,
+                                                 const std::string& dtype) {
+  qwen::ConfigQwenImage c;
+  FLOWKV_CHECK(qwen::builtin_config_qwen_image(name, &c), "no built-in Qwen-Image model '", name,
+               "' (choose qwen-image-tiny)");
+  const flux2::LoadOptions f = parse_dtype_option(dtype);
+  qwen::LoadOptions21 o;
+  o.auto_dtype = f.auto_dtype;
+  o.compute = f.compute;
+  o.int8 = f.int8;
+  const DType store = !o.auto_dtype && o.compute == DType::kBF16 ? DType::kBF16 : DType::kF32;
+  qwen::ModelQwenImage m =
+      qwen::ModelQwenImage::from_tensors(qwen::random_weights_qwen_image(c, seed, store), c, o);
+  return std::make_shared<QwenImageModel>(
+      std::move(m), "built-in '" + name + "' (" + describe(c) + ", random weights)", f.int8);
+}
+
+void write_builtin(const std::string& name, uint64_t seed, const std::string& dtype,
+                   const std::string& dir) {
+  qwen::ConfigQwenImage c;
+  FLOWKV_CHECK(qwen::builtin_config_qwen_image(name, &c), "no built-in Qwen-Image model '", name,
+               "'");
+  const auto weights = qwen::random_weights_qwen_image(c, seed, parse_dtype_option(dtype).compute);
+  std::vector<TensorToWrite> list;
+  for (const ExpectedTensor& e : qwen::weight_table(c)) {
+    const Tensor& t = weights.at(e.name);
+    list.push_back({e.name, t.dtype(), t.shape(), t.raw()});
+  }
+  write_diffusers_folder(dir, c.to_json(), list);
+}
+
 std::shared_ptr<const FamilyModel> load_model(const std::string& path, const std::string& dtype) {
   const flux2::LoadOptions f = parse_dtype_option(dtype);
   qwen::LoadOptions21 o;
@@ -173,6 +207,8 @@ FamilyInfo info() {
       "approximation. Step caches apply (--cache, e.g. fbcache:threshold=0.2).";
   i.images = "reference";
   for (const Released& r : kReleased) i.released.push_back(r.name);
+  i.builtins = qwen::builtin_names_qwen_image();
+  i.default_builtin = "qwen-image-tiny";
   i.default_steps = 50;  // QwenImagePipeline / QwenImageEditPlusPipeline __call__
   i.bench_steps = {4, 8};
   i.bench_images = {0, 1, 2};
@@ -190,12 +226,13 @@ Family qwen_image_family() {
   f.detects_tensors = [](const CheckpointScan& scan) {
     return qwen::holds_qwen_image(scan.tensors);
   };
-  f.has_builtin = [](const std::string&) { return false; };
-  f.load = load_model;
-  f.builtin = [](const std::string& name, uint64_t,
-                 const std::string&) -> std::shared_ptr<const FamilyModel> {
-    fail("no built-in Qwen-Image model '", name, "'");
+  f.has_builtin = [](const std::string& name) {
+    qwen::ConfigQwenImage c;
+    return qwen::builtin_config_qwen_image(name, &c);
   };
+  f.load = load_model;
+  f.builtin = builtin_model;
+  f.write_builtin = write_builtin;
   f.inspect = inspect_files;
   f.predict_shape = predict_shape;
   f.layout = [](const std::string& model, int64_t text, const std::vector<int64_t>& refs,

@@ -16,4 +16,10 @@ bool builtin_config21(const std::string& name, Config21* out);
 std::vector<std::string> builtin_names21();
 std::map<std::string, Tensor> random_weights21(const Config21& c, uint64_t seed, DType dtype);
 
+// "qwen-image-tiny" (the family tests: 2 dual-stream blocks x 64, 2x2-packed 16 channels).
+bool builtin_config_qwen_image(const std::string& name, ConfigQwenImage* out);
+std::vector<std::string> builtin_names_qwen_image();
+std::map<std::string, Tensor> random_weights_qwen_image(const ConfigQwenImage& c, uint64_t seed,
+                                                        DType dtype);
+
 }  // namespace flowkv::qwen

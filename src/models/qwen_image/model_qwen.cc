@@ -288,6 +288,25 @@ ModelQwenImage ModelQwenImage::load(const std::string& path, const LoadOptions21
   return m;
 }
 
+ModelQwenImage ModelQwenImage::from_tensors(const std::map<std::string, Tensor>& tensors,
+                                            const ConfigQwenImage& c, const LoadOptions21& opts) {
+  std::map<std::string, TensorInfo> infos;
+  bool all_bf16 = !tensors.empty();
+  for (const auto& [n, t] : tensors) {
+    infos[n] = {n, std::string(dtype_name(t.dtype())), true, t.dtype(), t.shape()};
+    all_bf16 &= t.dtype() == DType::kBF16;
+  }
+  const auto problems = check_against_table(infos, weight_table(c));
+  FLOWKV_CHECK(
+      problems.empty(),
+      format_problems("the tensors are not a Qwen-Image transformer of its config", problems));
+  const DType dt = opts.auto_dtype ? (all_bf16 ? DType::kBF16 : DType::kF32) : opts.compute;
+  ModelQwenImage m;
+  m.w_ = build([&](const std::string& n) { return tensors.at(n); }, infos, c,
+               ops::Compute{dt, opts.int8});
+  return m;
+}
+
 const ConfigQwenImage& ModelQwenImage::config() const {
   return w_->cfg;
 }

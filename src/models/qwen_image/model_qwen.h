@@ -39,6 +39,8 @@ class ModelQwenImage {
   // Compute types as Qwen-Image-2.1's (LoadOptions21): BF16 when every weight is BF16, else
   // F32, or as asked; int8 linear layers on request.
   static ModelQwenImage load(const std::string& path, const LoadOptions21& opts = {});
+  static ModelQwenImage from_tensors(const std::map<std::string, Tensor>& tensors,
+                                     const ConfigQwenImage& c, const LoadOptions21& opts = {});
   const ConfigQwenImage& config() const;
   DType compute_dtype() const;
   void forward(const ExecContext& ctx, const ArgsQwenImage& a) const;
