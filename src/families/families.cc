@@ -5,6 +5,7 @@
 #include "families/family.h"
 #include "flowkv/error.h"
 #include "io/mapped_file.h"
+#include "pipeline/request_limits.h"
 
 namespace flowkv::families {
 
@@ -165,6 +166,48 @@ Tables flux1_tables() {
         0.99609, 0.99609, 0.98047, 0.98828, 0.96484, 0.95703, 0.93359, 0.89062}}};
   add_meancache_reference_schedules(t);
   return t;
+}
+
+void example_latents(DenoiseInputs& in, const ExampleShape& s, int64_t channels) {
+  in.noise = example_tensor({s.batch, s.height * s.width, channels}, s.seed + 2);
+  in.height = s.height, in.width = s.width;
+  for (size_t i = 0; i < s.references.size(); ++i) {
+    const auto [h, w] = s.references[i];
+    in.references.push_back({example_tensor({s.batch, h * w, channels}, s.seed + 10 + i), h, w});
+  }
+}
+
+std::vector<ImageGrid> check_latents(const DenoiseInputs& in, int64_t channels,
+                                     const std::string& images) {
+  FLOWKV_CHECK(in.noise.defined() && in.noise.ndim() == 3 && in.noise.dtype() == DType::kF32 &&
+                   in.noise.dim(2) == channels &&
+                   in.noise.dim(1) == pipeline::grid_tokens(in.height, in.width, "the target grid"),
+               "noise must be F32 [B, ", in.height, "*", in.width, ", ", channels, "]");
+  const int64_t B = in.noise.dim(0);
+  std::vector<ImageGrid> grids;
+  for (const ReferenceLatents& ref : in.references) {
+    FLOWKV_CHECK(ref.latents.defined() && ref.latents.ndim() == 3 &&
+                     ref.latents.dtype() == DType::kF32 && ref.latents.dim(0) == B &&
+                     ref.latents.dim(1) ==
+                         pipeline::grid_tokens(ref.height, ref.width, "a " + images + " grid") &&
+                     ref.latents.dim(2) == channels,
+                 images, " latents must be F32 [", B, ", h*w, ", channels, "]");
+    grids.push_back({ref.height, ref.width});
+  }
+  return grids;
+}
+
+Json qwen_scheduler_json() {
+  return {{"_class_name", "FlowMatchEulerDiscreteScheduler"},
+          {"num_train_timesteps", 1000},
+          {"shift", 1.0},
+          {"use_dynamic_shifting", true},
+          {"base_shift", 0.5},
+          {"max_shift", 0.9},
+          {"base_image_seq_len", 256},
+          {"max_image_seq_len", 8192},
+          {"shift_terminal", 0.02},
+          {"time_shift_type", "exponential"}};
 }
 
 Tensor example_tensor(Shape shape, uint64_t seed) {

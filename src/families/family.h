@@ -27,6 +27,7 @@
 #include "io/pipeline_folder.h"
 #include "sched/flow_match.h"
 #include "segments/layout.h"
+#include "segments/segment_input.h"
 
 namespace flowkv::pipeline {
 class DenoiseAdapter;
@@ -172,6 +173,15 @@ Tables flux1_tables();
 
 // Deterministic uniform [-1, 1) values of `shape` from `seed` (example inputs).
 Tensor example_tensor(Shape shape, uint64_t seed);
+// The example request's noise, target grid and conditioning latents (`channels` each).
+void example_latents(DenoiseInputs& in, const ExampleShape& s, int64_t channels);
+// A request's noise [B, height*width, channels] and conditioning latents [B, h*w, channels]
+// checked (an Error naming the tensor, `images` naming the conditioning); their grids, in order.
+std::vector<ImageGrid> check_latents(const DenoiseInputs& in, int64_t channels,
+                                     const std::string& images);
+// The FlowMatchEulerDiscreteScheduler config the Qwen-Image pipelines are released with
+// (scheduler/scheduler_config.json of the zero-weight exports).
+Json qwen_scheduler_json();
 
 // A prediction from a token layout and its cache plan, through the one cost model.
 KVPrediction prediction(const std::string& model, const cost::ModelShape& shape,

@@ -180,13 +180,7 @@ DenoiseInputs Flux2Model::example_inputs(const ExampleShape& s) const {
   FLOWKV_CHECK(!s.cfg, "FLUX.2 runs no unconditional branch (its guidance is distilled)");
   DenoiseInputs in;
   in.prompt.embeds = example_tensor({s.batch, s.text_tokens, text_channels()}, s.seed + 1);
-  in.noise = example_tensor({s.batch, s.height * s.width, in_channels()}, s.seed + 2);
-  in.height = s.height, in.width = s.width;
-  for (size_t i = 0; i < s.references.size(); ++i) {
-    const auto [h, w] = s.references[i];
-    in.references.push_back(
-        {example_tensor({s.batch, h * w, in_channels()}, s.seed + 10 + i), h, w});
-  }
+  example_latents(in, s, in_channels());
   return in;
 }
 

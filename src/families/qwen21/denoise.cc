@@ -138,24 +138,9 @@ Prompt Qwen21Adapter::prompt(const PromptEmbeds& p) const {
 
 // Shapes of the tensors, before any size is trusted.
 void Qwen21Adapter::check_inputs() {
-  const auto& c = m_.config();
-  FLOWKV_CHECK(
-      in_.noise.defined() && in_.noise.ndim() == 3 && in_.noise.dtype() == DType::kF32 &&
-          in_.noise.dim(2) == c.in_channels &&
-          in_.noise.dim(1) == pipeline::grid_tokens(in_.height, in_.width, "the target grid"),
-      "noise must be F32 [B, ", in_.height, "*", in_.width, ", ", c.in_channels, "]");
-  const int64_t B = batch();
+  grids_ = check_latents(in_, m_.config().in_channels, "condition-image");
   prompt_ = prompt(in_.prompt);
   if (in_.negative.embeds.defined()) negative_ = prompt(in_.negative);
-  for (const ReferenceLatents& ref : in_.references) {
-    FLOWKV_CHECK(ref.latents.defined() && ref.latents.ndim() == 3 &&
-                     ref.latents.dtype() == DType::kF32 && ref.latents.dim(0) == B &&
-                     ref.latents.dim(1) ==
-                         pipeline::grid_tokens(ref.height, ref.width, "a condition-image grid") &&
-                     ref.latents.dim(2) == c.in_channels,
-                 "condition latents must be F32 [", B, ", h*w, ", c.in_channels, "]");
-    grids_.push_back({ref.height, ref.width});
-  }
   target_ = {in_.height, in_.width};
 }
 

@@ -207,13 +207,7 @@ DenoiseInputs Qwen21Model::example_inputs(const ExampleShape& s) const {
     in.negative = {example_tensor({s.batch, rows, text_channels()}, s.seed + 3), slots, {}};
     in.cfg_scale = 4.0f;
   }
-  in.noise = example_tensor({s.batch, s.height * s.width, in_channels()}, s.seed + 2);
-  in.height = s.height, in.width = s.width;
-  for (size_t i = 0; i < s.references.size(); ++i) {
-    const auto [h, w] = s.references[i];
-    in.references.push_back(
-        {example_tensor({s.batch, h * w, in_channels()}, s.seed + 10 + i), h, w});
-  }
+  example_latents(in, s, in_channels());
   return in;
 }
 

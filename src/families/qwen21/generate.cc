@@ -382,17 +382,8 @@ void qwen21_write_zero_pipeline(const qwen::Config21& transformer, DType dtype,
   write_file_atomic((d / "processor/preprocessor_config.json").string(),
                     qwen3_vl_preprocessor_config().dump(2));
   fs::create_directories(d / "scheduler");
-  const Json sched = {{"_class_name", "FlowMatchEulerDiscreteScheduler"},
-                      {"num_train_timesteps", 1000},
-                      {"shift", 1.0},
-                      {"use_dynamic_shifting", true},
-                      {"base_shift", 0.5},
-                      {"max_shift", 0.9},
-                      {"base_image_seq_len", 256},
-                      {"max_image_seq_len", 8192},
-                      {"shift_terminal", 0.02},
-                      {"time_shift_type", "exponential"}};
-  write_file_atomic((d / "scheduler/scheduler_config.json").string(), sched.dump(2));
+  write_file_atomic((d / "scheduler/scheduler_config.json").string(),
+                    qwen_scheduler_json().dump(2));
   const Json index = {{"_class_name", "QwenImage21Pipeline"},
                       {"processor", {"transformers", "Qwen3VLProcessor"}},
                       {"scheduler", {"diffusers", "FlowMatchEulerDiscreteScheduler"}},

@@ -348,17 +348,8 @@ void qwen_image_write_zero_pipeline(const qwen::ConfigQwenImage& transformer, bo
                       qwen_image_preprocessor_config().dump(2));
   }
   fs::create_directories(d / "scheduler");
-  const Json sched = {{"_class_name", "FlowMatchEulerDiscreteScheduler"},
-                      {"num_train_timesteps", 1000},
-                      {"shift", 1.0},
-                      {"use_dynamic_shifting", true},
-                      {"base_shift", 0.5},
-                      {"max_shift", 0.9},
-                      {"base_image_seq_len", 256},
-                      {"max_image_seq_len", 8192},
-                      {"shift_terminal", 0.02},
-                      {"time_shift_type", "exponential"}};
-  write_file_atomic((d / "scheduler/scheduler_config.json").string(), sched.dump(2));
+  write_file_atomic((d / "scheduler/scheduler_config.json").string(),
+                    qwen_scheduler_json().dump(2));
   Json index = {{"_class_name", edit ? "QwenImageEditPlusPipeline" : "QwenImagePipeline"},
                 {"scheduler", {"diffusers", "FlowMatchEulerDiscreteScheduler"}},
                 {"text_encoder", {"transformers", "Qwen2_5_VLForConditionalGeneration"}},
