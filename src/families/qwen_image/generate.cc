@@ -262,8 +262,15 @@ class QwenImageSpec final : public pipeline::GenerateSpec {
   }
 
  private:
-  // Edit-Plus tokenizes through its processor's tokenizer, as Qwen2VLProcessor does.
-  std::string tokenizer_dir() const { return c_.edit ? c_.processor : c_.tokenizer; }
+  // Edit-Plus tokenizes through its processor's tokenizer, as Qwen2VLProcessor does (the
+  // pipeline's tokenizer/ when processor/ holds no tokenizer files).
+  std::string tokenizer_dir() const {
+    if (!c_.edit) return c_.tokenizer;
+    for (const char* f : {"/tokenizer.json", "/vocab.json"}) {
+      if (path_exists(c_.processor + f)) return c_.processor;
+    }
+    return c_.tokenizer;
+  }
   // Text to image keeps max_sequence_length rows (512 unless asked); Edit-Plus all of them.
   int64_t max_length(const GenerateRequest& r) const {
     if (c_.edit) return 0;
