@@ -1,6 +1,7 @@
 // libFuzzer target: the Qwen3-VL text encoder's two JSON files as flowkv reads them, the
 // preprocessor_config.json (ImageProcessorConfig) and the vision_config of config.json
-// (VisionConfig). An accepted processor config gives token counts for a few image sizes, each
+// (VisionConfig), and Qwen2.5-VL's config.json (Qwen-Image's text encoder: qwen25_vl::Config and
+// its VisionConfig). An accepted processor config gives token counts for a few image sizes, each
 // consistent with its grid; an accepted vision config gives a weight table.
 #include <cstddef>
 #include <cstdint>
@@ -8,6 +9,10 @@
 
 #include "fuzz_common.h"
 #include "io/json.h"
+#include "models/qwen25_vl/config.h"
+#include "models/qwen25_vl/vision_config.h"
+#include "models/qwen25_vl/vision_weights.h"
+#include "models/qwen25_vl/weights.h"
 #include "models/qwen3_vl/image_processor.h"
 #include "models/qwen3_vl/vision_config.h"
 #include "models/qwen3_vl/vision_weights.h"
@@ -42,6 +47,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FUZZ_ASSERT(!flowkv::qwen3_vl::vision_weight_table(v, "model.visual.").empty(),
                 "empty weight table");
     FUZZ_ASSERT(flowkv::qwen3_vl::vision_parameter_count(v) > 0, "no parameters");
+  });
+  flowkv::fuzz::expect_only_flowkv_errors([&] {
+    const auto c = flowkv::qwen25_vl::Config::from_json(j, "config.json");
+    FUZZ_ASSERT(!flowkv::qwen25_vl::text_weight_table(c).empty(), "empty text weight table");
+  });
+  flowkv::fuzz::expect_only_flowkv_errors([&] {
+    const auto v = flowkv::qwen25_vl::VisionConfig::from_model_config(j, "config.json");
+    FUZZ_ASSERT(!flowkv::qwen25_vl::vision_weight_table(v, "visual.").empty(),
+                "empty weight table");
+    FUZZ_ASSERT(flowkv::qwen25_vl::vision_parameter_count(v) > 0, "no parameters");
   });
   return 0;
 }
