@@ -4,6 +4,7 @@
 // velocity to the conditional one's norm per token. Nothing is cached exactly: every token
 // reads the target. Both branches run as one batched forward when their prompts have the same
 // length and no step cache keeps state per branch.
+#include <algorithm>
 #include <memory>
 
 #include "core/checked.h"
@@ -28,6 +29,7 @@ struct Branch {
   std::vector<const Prompt*> prompts;
   std::vector<float> text, img, out, velocity, timestep;
   std::vector<uint8_t> valid;
+  qwen::ArgsQwenImage args;  // set once; each call sets its timestep, output and hooks
 };
 
 class QwenImageAdapter final : public pipeline::DenoiseAdapter {
@@ -170,6 +172,17 @@ void QwenImageAdapter::fill(Branch& br, std::initializer_list<const Prompt*> pro
   }
   br.out.resize(static_cast<size_t>(br.batch * all * c.out_features()));
   br.velocity.resize(static_cast<size_t>(br.batch * tokens() * c.out_features()));
+  br.timestep.resize(static_cast<size_t>(br.batch));
+  qwen::ArgsQwenImage& a = br.args;
+  a.batch = br.batch;
+  a.text = br.text.data();
+  a.text_len = br.prompts.front()->len;
+  a.text_valid = br.valid.empty() ? nullptr : br.valid.data();
+  a.img = br.img.data();
+  a.img_grids.push_back(target_);
+  for (const qwen::Grid& g : grids_) a.img_grids.push_back(g);
+  a.timestep = br.timestep.data();
+  a.out = br.out.data();
 }
 
 int QwenImageAdapter::prepare(bool separate) {
@@ -196,19 +209,9 @@ void QwenImageAdapter::forward(const ExecContext& ctx, int branch, const pipelin
     const float* src = call.latents + (row % B) * N * C;
     std::copy(src, src + N * C, br.img.data() + row * all * C);
   }
-  br.timestep.assign(static_cast<size_t>(br.batch), call.timestep);
-  qwen::ArgsQwenImage a;
-  a.batch = br.batch;
-  a.text = br.text.data();
-  a.text_len = br.prompts.front()->len;
-  a.text_valid = br.valid.empty() ? nullptr : br.valid.data();
-  a.img = br.img.data();
-  a.img_grids.push_back(target_);
-  for (const qwen::Grid& g : grids_) a.img_grids.push_back(g);
-  a.timestep = br.timestep.data();
-  a.out = br.out.data();
-  a.hooks = call.hooks;
-  m_.forward(ctx, a);
+  std::fill(br.timestep.begin(), br.timestep.end(), call.timestep);
+  br.args.hooks = call.hooks;
+  m_.forward(ctx, br.args);
   for (int64_t row = 0; row < br.batch; ++row) {  // the target's rows: noise_pred[:, :N]
     const float* src = br.out.data() + row * all * F;
     std::copy(src, src + N * F, br.velocity.data() + row * N * F);
