@@ -103,4 +103,14 @@ void trace(const ExecContext& ctx, const std::string& name, Mat m);
 std::map<std::string, TensorInfo> under_prefix(const std::map<std::string, TensorInfo>& t,
                                                const std::string& prefix);
 
+// transformers' get_rope_index for images, as Qwen2.5-VL and Qwen3-VL compute it for one
+// unpadded prompt: [3, L] positions (t, h, w rows). Text runs number on from the previous run's
+// end on all three axes; a run of image_token_id takes the next grid: t = start + frame,
+// h = start + row, w = start + column on the merged (t, h / merge, w / merge) grid, and the text
+// after it starts at start + max(h, w) / merge. An Error (prefixed with `what`) when the image
+// runs and the grids disagree (count, or tokens per run), or on a video token.
+std::vector<int64_t> mrope_positions(std::span<const int32_t> ids, std::span<const Grid> grids,
+                                     int64_t image_token_id, int64_t video_token_id, int64_t merge,
+                                     const std::string& what);
+
 }  // namespace flowkv::vit

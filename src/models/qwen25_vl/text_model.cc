@@ -12,6 +12,7 @@
 #include "flowkv/limits.h"
 #include "io/mapped_file.h"
 #include "models/common/blocks.h"
+#include "models/common/vit.h"
 #include "models/qwen25_vl/source.h"
 #include "models/qwen3/decoder.h"
 #include "models/qwen3/weights.h"
@@ -102,63 +103,8 @@ void trace(const ExecContext& ec, const std::string& name, Mat x) {
 
 std::vector<int64_t> rope_positions(const Config& c, std::span<const int32_t> ids,
                                     std::span<const Grid> grids) {
-  const int64_t L = static_cast<int64_t>(ids.size());
-  FLOWKV_CHECK(L <= limits::kMaxTokens, "qwen25_vl positions: ", L, " tokens exceed the limit of ",
-               limits::kMaxTokens);
-  const int64_t m = c.spatial_merge_size;
-  std::vector<int64_t> pos(static_cast<size_t>(3 * L));
-  int64_t cur = 0, i = 0;
-  size_t g = 0;
-  while (i < L) {
-    const bool image = ids[i] == c.image_token_id;
-    int64_t j = i;
-    while (j < L && (ids[j] == c.image_token_id) == image) {
-      FLOWKV_CHECK(ids[j] != c.video_token_id, "qwen25_vl positions: token ", j,
-                   " is <|video_pad|> (id ", c.video_token_id, "): videos are not supported");
-      ++j;
-    }
-    if (!image) {
-      for (int64_t k = i; k < j; ++k) {
-        for (int a = 0; a < 3; ++a) pos[a * L + k] = cur + (k - i);
-      }
-      cur += j - i;
-      i = j;
-      continue;
-    }
-    FLOWKV_CHECK(g < grids.size(), "qwen25_vl positions: image placeholder run ", g + 1,
-                 " (tokens ", i, "..", j - 1, ") has no image grid: ", grids.size(),
-                 " grid(s) given");
-    const Grid& grid = grids[g];
-    for (int a = 0; a < 3; ++a) {
-      FLOWKV_CHECK(grid[a] >= 1 && grid[a] <= limits::kMaxTokens, "qwen25_vl positions: image ",
-                   g + 1, " grid (", grid[0], ", ", grid[1], ", ", grid[2],
-                   ") has a size outside [1, ", limits::kMaxTokens, "]");
-    }
-    FLOWKV_CHECK(grid[1] % m == 0 && grid[2] % m == 0, "qwen25_vl positions: image ", g + 1,
-                 " grid (", grid[0], ", ", grid[1], ", ", grid[2],
-                 ") is not a multiple of the spatial merge size ", m, " in h and w");
-    const int64_t gt = grid[0], gh = grid[1] / m, gw = grid[2] / m;
-    const int64_t n = checked_mul(checked_mul(gt, gh, "image grid"), gw, "image grid");
-    FLOWKV_CHECK(j - i == n, "qwen25_vl positions: image ", g + 1, " has ", j - i,
-                 " <|image_pad|> tokens, its grid (", grid[0], ", ", grid[1], ", ", grid[2],
-                 ") makes ", n);
-    for (int64_t ti = 0; ti < gt; ++ti) {
-      for (int64_t hi = 0; hi < gh; ++hi) {
-        for (int64_t wi = 0; wi < gw; ++wi) {
-          const int64_t k = i + (ti * gh + hi) * gw + wi;
-          pos[k] = cur + ti;
-          pos[L + k] = cur + hi;
-          pos[2 * L + k] = cur + wi;
-        }
-      }
-    }
-    cur += std::max(grid[1], grid[2]) / m;
-    ++g;
-    i = j;
-  }
-  FLOWKV_CHECK(g == grids.size(), "qwen25_vl positions: ", grids.size(),
-               " image grid(s) given, but the ids hold ", g, " run(s) of <|image_pad|> tokens");
-  return pos;
+  return vit::mrope_positions(ids, grids, c.image_token_id, c.video_token_id, c.spatial_merge_size,
+                              "qwen25_vl");
 }
 
 TextModel TextModel::load(const std::string& path, const LoadOptions& opts) {

@@ -313,7 +313,8 @@ VisionOutput VisionTower::forward(const ExecContext& ctx, const Tensor& pixel_va
         .heads = c.num_heads,
         .hd = hd,
         .F = c.intermediate_size,
-        .bf16 = w.compute == DType::kBF16};
+        .bf16 = w.compute == DType::kBF16,
+        .seg = {}};
 
   // Patch embedding: the Conv3d as a linear map of each flattened patch.
   Mat x = alloc_mat(ws, N, H);
