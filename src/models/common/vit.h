@@ -15,6 +15,7 @@
 #include "core/exec_context.h"
 #include "core/mat.h"
 #include "core/parallel.h"
+#include "flowkv/error.h"
 #include "flowkv/tensor.h"
 #include "io/checkpoint.h"
 #include "ops/linear.h"
@@ -43,6 +44,32 @@ DType choose_compute(const std::map<std::string, TensorInfo>& tensors,
     if (!t.dtype_known || t.dtype != DType::kBF16) return DType::kF32;
   }
   return DType::kBF16;
+}
+
+// A tower's tensors (`tensors`, found under `prefix` in the file at `path`) checked against its
+// table, its compute type chosen, and the bytes its weights will hold (linear weights as
+// `is_linear` picks them, packed; the rest f32) checked against the memory budget: the compute
+// type, or an Error naming `what` and every problem, before anything is read.
+template <class IsLinear>
+DType check_tower(const std::string& path, const std::string& prefix,
+                  const std::map<std::string, TensorInfo>& tensors,
+                  const std::vector<ExpectedTensor>& table, const VisionLoadOptions& opts,
+                  IsLinear&& is_linear, const std::string& what) {
+  const std::vector<std::string> problems = check_against_table(tensors, table);
+  FLOWKV_CHECK(problems.empty(), format_problems(path + " does not hold a " + what +
+                                                     " of its config under \"" + prefix + "\"",
+                                                 problems));
+  const DType compute = choose_compute(tensors, table, opts, is_linear);
+  check_weights_fit(
+      table,
+      [&](const ExpectedTensor& e) {
+        const TensorInfo& t = tensors.at(e.name);
+        if (!is_linear(e)) return int64_t{4} * shape_numel(e.shape);
+        return ops::held_weight_bytes(t.dtype, {e.shape[0], shape_numel(e.shape) / e.shape[0]},
+                                      compute);
+      },
+      what);
+  return compute;
 }
 
 // One image's (or video's) grid in patches: {frames t, rows h, columns w}.

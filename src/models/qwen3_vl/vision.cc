@@ -197,22 +197,8 @@ VisionTower VisionTower::load(const CheckpointScan& scan, const VisionConfig& cf
                               const std::string& prefix, const VisionLoadOptions& opts) {
   const auto tensors = vit::under_prefix(scan.tensors, prefix);
   const std::vector<ExpectedTensor> table = vision_weight_table(cfg, prefix);
-  const std::vector<std::string> problems = check_against_table(tensors, table);
-  if (!problems.empty()) {
-    fail(format_problems(
-        scan.path + " does not hold a Qwen3-VL vision tower of its config under \"" + prefix + "\"",
-        problems));
-  }
-  const DType compute = vit::choose_compute(tensors, table, opts, is_linear_weight);
-  check_weights_fit(
-      table,
-      [&](const ExpectedTensor& e) {
-        const TensorInfo& t = tensors.at(e.name);
-        if (!is_linear_weight(e)) return int64_t{4} * shape_numel(e.shape);
-        return ops::held_weight_bytes(t.dtype, {e.shape[0], shape_numel(e.shape) / e.shape[0]},
-                                      compute);
-      },
-      "Qwen3-VL vision tower");
+  const DType compute = vit::check_tower(scan.path, prefix, tensors, table, opts, is_linear_weight,
+                                         "Qwen3-VL vision tower");
 
   CheckpointReader reader(scan);
   auto w = std::make_shared<Weights>();
