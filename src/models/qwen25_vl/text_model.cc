@@ -68,37 +68,6 @@ void check_vision(const Config& c, const TextInputs& in, int64_t n_image) {
                ", ", H, "] (one row per <|image_pad|> token)");
 }
 
-// Activations of one layer, the RoPE tables, the positions, the f32 copy of the vision
-// embeddings and a trace, checked before any is allocated.
-void check_memory_for(const Config& c, int64_t L, bool vision, bool trace) {
-  const qwen3::Config& t = c.text;
-  const std::string what = "qwen25_vl encode activations";
-  const int64_t per_row =
-      t.hidden_size * 4 + t.q_width() * 2 + t.kv_width() * 2 + t.intermediate_size * 3;
-  int64_t floats = checked_mul(L, per_row, what);
-  floats = checked_add(floats, checked_mul(2 * L, t.head_dim, what), what);
-  if (vision) floats = checked_add(floats, checked_mul(L, t.hidden_size, what), what);
-  if (trace) {
-    floats = checked_add(
-        floats, checked_mul(checked_mul(L, t.hidden_size, what), t.num_hidden_layers + 1, what),
-        what);
-  }
-  check_memory(checked_add(checked_mul(floats, 4, what), checked_mul(L, 8 * 3 + 1, what), what),
-               what, "encode a shorter prompt or fewer or smaller condition images");
-}
-
-Tensor copy_out(Mat x) {
-  Tensor t = Tensor::empty({x.rows, x.cols});
-  for (int64_t r = 0; r < x.rows; ++r) {
-    std::memcpy(t.f32() + r * x.cols, x.row(r), static_cast<size_t>(x.cols) * sizeof(float));
-  }
-  return t;
-}
-
-void trace(const ExecContext& ec, const std::string& name, Mat x) {
-  if (ec.tracer && ec.tracer->wants(name)) ec.tracer->record(name, copy_out(x));
-}
-
 }  // namespace
 
 std::vector<int64_t> rope_positions(const Config& c, std::span<const int32_t> ids,
@@ -183,7 +152,10 @@ Tensor TextModel::forward(const ExecContext& ctx, const TextInputs& in, TextTrac
     n_image += in.ids[i] == c.image_token_id;
   }
   check_vision(c, in, n_image);
-  check_memory_for(c, L, in.vision != nullptr, trace != nullptr);
+  // One layer's activations, the RoPE tables, the positions, the f32 copy of the vision
+  // embeddings and a trace, checked before any is allocated.
+  qwen3::check_encoder_memory(c.text, L, in.vision != nullptr ? 1 : 0, trace != nullptr,
+                              "qwen25_vl encode activations");
   std::vector<int64_t> pos;
   if (in.positions == Positions::kMrope) {
     pos = rope_positions(c, in.ids, in.grids);
@@ -227,20 +199,20 @@ Tensor TextModel::forward(const ExecContext& ctx, const TextInputs& in, TextTrac
   }
   qwen3::round_if_bf16(r, x);
   if (trace) {
-    trace->inputs_embeds = copy_out(x);
+    trace->inputs_embeds = qwen3::copy_out(x);
     trace->layers.clear();
   }
-  flowkv::qwen25_vl::trace(ctx, "inputs_embeds", x);
+  qwen3::trace_rows(ctx, "inputs_embeds", x);
   for (int64_t l = 0; l < tc.num_hidden_layers; ++l) {
     qwen3::decoder_layer(r, w.layers[static_cast<size_t>(l)], x);
-    if (trace) trace->layers.push_back(copy_out(x));
-    flowkv::qwen25_vl::trace(ctx, "layers." + std::to_string(l), x);
+    if (trace) trace->layers.push_back(qwen3::copy_out(x));
+    qwen3::trace_rows(ctx, "layers." + std::to_string(l), x);
   }
   Mat n = alloc_mat(ws, L, H);
   qwen3::rms_norm(r, x, w.norm, n);
   qwen3::round_if_bf16(r, n);
-  flowkv::qwen25_vl::trace(ctx, "norm", n);
-  return copy_out(n);
+  qwen3::trace_rows(ctx, "norm", n);
+  return qwen3::copy_out(n);
 }
 
 }  // namespace flowkv::qwen25_vl

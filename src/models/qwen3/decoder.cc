@@ -2,6 +2,10 @@
 // modeling_qwen3_vl.py Qwen3VLTextDecoderLayer). Shapes in PyTorch order.
 #include "models/qwen3/decoder.h"
 
+#include <cstring>
+
+#include "core/checked.h"
+#include "core/memory.h"
 #include "models/common/blocks.h"
 #include "models/qwen3/weights.h"
 #include "ops/attention.h"
@@ -158,6 +162,35 @@ void decoder_layer(const DecoderRun& r, const LayerWeights& lw, Mat x) {
   round_if_bf16(r, y);
   ops::gated_add(r.ec, x, y, {});
   round_if_bf16(r, x);
+}
+
+void check_encoder_memory(const Config& t, int64_t L, int64_t vision_copies, bool trace,
+                          const std::string& what) {
+  const int64_t per_row =
+      t.hidden_size * 4 + t.q_width() * 2 + t.kv_width() * 2 + t.intermediate_size * 3;
+  int64_t floats = checked_mul(L, per_row, what);
+  floats = checked_add(floats, checked_mul(2 * L, t.head_dim, what), what);
+  floats = checked_add(floats,
+                       checked_mul(checked_mul(L, t.hidden_size, what), vision_copies, what), what);
+  if (trace) {
+    floats = checked_add(
+        floats, checked_mul(checked_mul(L, t.hidden_size, what), t.num_hidden_layers + 1, what),
+        what);
+  }
+  check_memory(checked_add(checked_mul(floats, 4, what), checked_mul(L, 8 * 3 + 1, what), what),
+               what, "encode a shorter prompt or fewer or smaller condition images");
+}
+
+Tensor copy_out(Mat x) {
+  Tensor t = Tensor::empty({x.rows, x.cols});
+  for (int64_t r = 0; r < x.rows; ++r) {
+    std::memcpy(t.f32() + r * x.cols, x.row(r), static_cast<size_t>(x.cols) * sizeof(float));
+  }
+  return t;
+}
+
+void trace_rows(const ExecContext& ec, const std::string& name, Mat x) {
+  if (ec.tracer && ec.tracer->wants(name)) ec.tracer->record(name, copy_out(x));
 }
 
 }  // namespace flowkv::qwen3

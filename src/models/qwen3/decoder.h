@@ -91,4 +91,14 @@ void round_if_bf16(const DecoderRun& r, Mat m);
 // x += down(SiLU(gate) * up). Causal attention over each batch element, keys masked by `valid`.
 void decoder_layer(const DecoderRun& r, const LayerWeights& lw, Mat x);
 
+// A vision-language encoder's activations checked against the memory budget before any is
+// allocated: one decoder layer's over L rows, the RoPE tables, the positions, `vision_copies`
+// [L, hidden] copies of image features, and with `trace` every layer's output. `what` names it.
+void check_encoder_memory(const Config& t, int64_t L, int64_t vision_copies, bool trace,
+                          const std::string& what);
+// x as an owned f32 [rows, cols] tensor.
+Tensor copy_out(Mat x);
+// The tracer's copy of x under `name` (only when one is attached and wants it).
+void trace_rows(const ExecContext& ec, const std::string& name, Mat x);
+
 }  // namespace flowkv::qwen3

@@ -108,39 +108,6 @@ Vision widen_vision(const TextInputs& in, int64_t n_image) {
   return v;
 }
 
-// Activations of one layer, the RoPE tables, the positions, the f32 copies of the vision
-// outputs (n_vision tensors of at most L rows) and a trace, checked before any is allocated.
-void check_memory_for(const Config& c, int64_t L, int64_t n_vision, bool trace) {
-  const qwen3::Config& t = c.text;
-  const std::string what = "qwen3_vl encode activations";
-  const int64_t per_row =
-      t.hidden_size * 4 + t.q_width() * 2 + t.kv_width() * 2 + t.intermediate_size * 3;
-  int64_t floats = checked_mul(L, per_row, what);
-  floats = checked_add(floats, checked_mul(2 * L, t.head_dim, what), what);
-  floats =
-      checked_add(floats, checked_mul(checked_mul(L, t.hidden_size, what), n_vision, what), what);
-  if (trace) {
-    floats = checked_add(
-        floats, checked_mul(checked_mul(L, t.hidden_size, what), t.num_hidden_layers + 1, what),
-        what);
-  }
-  check_memory(checked_add(checked_mul(floats, 4, what), checked_mul(L, 8 * 3 + 1, what), what),
-               what, "encode a shorter prompt or fewer or smaller condition images");
-}
-
-Tensor copy_out(Mat x) {
-  Tensor t = Tensor::empty({x.rows, x.cols});
-  for (int64_t r = 0; r < x.rows; ++r) {
-    std::memcpy(t.f32() + r * x.cols, x.row(r), static_cast<size_t>(x.cols) * sizeof(float));
-  }
-  return t;
-}
-
-// The tracer's copy of x under `name` (only when one is attached and wants it).
-void trace(const ExecContext& ec, const std::string& name, Mat x) {
-  if (ec.tracer && ec.tracer->wants(name)) ec.tracer->record(name, copy_out(x));
-}
-
 }  // namespace
 
 std::vector<int64_t> rope_positions(const Config& c, std::span<const int32_t> ids,
@@ -229,7 +196,9 @@ Tensor TextModel::forward(const ExecContext& ctx, const TextInputs& in, TextTrac
   }
   check_vision(c, in, n_image);
   const int64_t n_vision = n_image > 0 ? 1 + static_cast<int64_t>(in.vision->deepstack.size()) : 0;
-  check_memory_for(c, L, n_vision, trace != nullptr);
+  // One layer's activations, the RoPE tables, the positions, the f32 copies of the vision
+  // outputs (n_vision tensors of at most L rows) and a trace, checked before any is allocated.
+  qwen3::check_encoder_memory(c.text, L, n_vision, trace != nullptr, "qwen3_vl encode activations");
   const std::vector<int64_t> pos = rope_positions(c, in.ids, in.grids);
   Vision vis = widen_vision(in, n_image);
 
@@ -269,15 +238,15 @@ Tensor TextModel::forward(const ExecContext& ctx, const TextInputs& in, TextTrac
   }
   qwen3::round_if_bf16(r, x);
   if (trace) {
-    trace->inputs_embeds = copy_out(x);
+    trace->inputs_embeds = qwen3::copy_out(x);
     trace->layers.clear();
   }
-  flowkv::qwen3_vl::trace(ctx, "inputs_embeds", x);
+  qwen3::trace_rows(ctx, "inputs_embeds", x);
   for (int64_t l = 0; l < tc.num_hidden_layers; ++l) {
     qwen3::decoder_layer(r, w.layers[static_cast<size_t>(l)], x);
-    if (trace) trace->layers.push_back(copy_out(x));
+    if (trace) trace->layers.push_back(qwen3::copy_out(x));
     const std::string name = "layers." + std::to_string(l);
-    flowkv::qwen3_vl::trace(ctx, name, x);
+    qwen3::trace_rows(ctx, name, x);
     // Deepstack: feature l is added to the image rows after layer l (extra features, past the
     // last layer, are ignored as transformers ignores them).
     if (l < static_cast<int64_t>(vis.deepstack.size())) {
@@ -288,10 +257,10 @@ Tensor TextModel::forward(const ExecContext& ctx, const TextInputs& in, TextTrac
         for (int64_t h = 0; h < H; ++h) row[h] += add[h];
       }
       qwen3::round_if_bf16(r, x);
-      flowkv::qwen3_vl::trace(ctx, name + ".deepstack", x);
+      qwen3::trace_rows(ctx, name + ".deepstack", x);
     }
   }
-  return copy_out(x);
+  return qwen3::copy_out(x);
 }
 
 }  // namespace flowkv::qwen3_vl
