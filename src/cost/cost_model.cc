@@ -26,7 +26,9 @@ StepCost step_cost(const ModelShape& m, const TokenLayout& l, const std::vector<
     c.name = l.segments[i].name;
     c.tokens = l.segments[i].tokens;
     c.live = !cached[i];
-    if (c.live) {
+    if (c.live && l.segments[i].keys_only) {
+      c.linear = m.keys_only_flops * double(m.layers) * double(c.tokens);
+    } else if (c.live) {
       c.linear = per_token * double(c.tokens);
       for (int j : l.segments[i].reads)
         c.attention += per_pair * pairs(l, i, static_cast<size_t>(j));
@@ -45,7 +47,7 @@ double predicted_speedup(double uncached_step, double cached_step, int steps) {
 }
 
 int64_t kv_payload_bytes(const ModelShape& m, int64_t cached_tokens, int branches) {
-  return 2 * m.layers * cached_tokens * m.width * m.kv_bytes_per_element * branches;
+  return 2 * m.layers * cached_tokens * m.kv() * m.kv_bytes_per_element * branches;
 }
 
 }  // namespace flowkv::cost

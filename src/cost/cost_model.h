@@ -6,6 +6,12 @@
 // runs each token through its own stream's weights, so it costs the same per token. Attention:
 // 4 d FLOPs per allowed query-key pair per layer. Norms, RoPE, modulation and embedders are
 // ignored (small at these widths).
+//
+// Generalised by the shape's optional fields: grouped-query attention (k and v of kv_width:
+// 2 * (2 d^2 + 2 d kv) for the attention's projections), an MLP that is not one dense SwiGLU
+// (mlp_flops: a mixture of experts' router, shared expert and routed experts per token on
+// average), and segments that enter only as keys and values (Segment::keys_only: their
+// projections cost keys_only_flops per token and layer, and they have no queries).
 #pragma once
 
 #include <string>
@@ -20,8 +26,13 @@ struct ModelShape {
   int64_t layers = 0;      // blocks whose K/V are cached (FLUX.2: double + single)
   int64_t mlp_hidden = 0;  // F
   int64_t kv_bytes_per_element = 2;
+  int64_t kv_width = 0;        // width of K and V (grouped-query attention); 0: width
+  double mlp_flops = 0;        // FLOPs per token and layer of the MLP; 0: a SwiGLU of F
+  double keys_only_flops = 0;  // FLOPs per token and layer of a keys-only segment
+  int64_t kv() const { return kv_width > 0 ? kv_width : width; }
   double linear_flops_per_token_layer() const {
-    return 2.0 * (4.0 * double(width) * double(width) + 3.0 * double(mlp_hidden) * double(width));
+    const double d = double(width), mlp = mlp_flops > 0 ? mlp_flops : 6.0 * double(mlp_hidden) * d;
+    return 2.0 * (2.0 * d * d + 2.0 * d * double(kv())) + mlp;
   }
 };
 
@@ -46,7 +57,7 @@ StepCost step_cost(const ModelShape& m, const TokenLayout& layout, const std::ve
 // uncached baseline pays F at every step.
 double predicted_speedup(double uncached_step, double cached_step, int steps);
 
-// 2 (K and V) x layers x tokens x d x bytes per element x CFG branches.
+// 2 (K and V) x layers x tokens x kv width x bytes per element x CFG branches.
 int64_t kv_payload_bytes(const ModelShape& m, int64_t cached_tokens, int branches = 1);
 
 }  // namespace flowkv::cost

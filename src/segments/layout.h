@@ -25,6 +25,9 @@ struct Segment {
   float fixed_timestep = 0;    // that timestep, when fixed_time
   std::vector<int> reads;      // rule 3: segments its queries attend to (indices)
   bool causal = false;         // its queries see keys of its own segment causally (Qwen text)
+  // It enters only as keys and values projected from its input (no queries, no MLP, no
+  // modulation: NucleusMoE-Image's text); `reads` is then empty.
+  bool keys_only = false;
 };
 
 struct TokenLayout {
