@@ -37,6 +37,10 @@ namespace flowkv::flux2 {
 class Model;
 struct Config;
 }  // namespace flowkv::flux2
+namespace flowkv::nucleus {
+class Model;
+struct Config;
+}  // namespace flowkv::nucleus
 namespace flowkv::qwen {
 class Model21;
 class ModelQwenImage;
@@ -94,6 +98,11 @@ struct Family {
   // "bf16") as a diffusers folder of sparse files: real-size memory checks without real weights.
   std::function<void(const std::string& name, const std::string& dtype, const std::string& dir)>
       write_zeros;
+  // Optional: a tensor as this family's GGUF files hold it (`flowkv quantize` from a
+  // safetensors checkpoint): nullopt keeps it as stored; else the F32 tensor to write, a stack
+  // of matrices [..., out, in] quantized row by row (NucleusMoE-Image's experts, stored
+  // pre-transposed for x @ W, are written output-major so that rows are whole blocks).
+  std::function<std::optional<Tensor>(const std::string& name, const Tensor& stored)> gguf_form;
   // `flowkv inspect` for a checkpoint this family detects: fills family, variant, config and
   // problems of the report (and layout and parameters where the family maps the files).
   std::function<void(const CheckpointScan& scan, InspectReport& report)> inspect;
@@ -155,17 +164,32 @@ void qwen_image_write_zero_pipeline(const qwen::ConfigQwenImage& transformer, bo
 // released VAE, the processor's preprocessor_config.json (copy a tokenizer.json in), scheduler.
 void qwen21_write_zero_pipeline(const qwen::Config21& transformer, DType dtype,
                                 const std::string& dir);
+// Qwen3-VL-8B of zero weights (the text encoder of Qwen-Image-2.1 and NucleusMoE-Image) and
+// its processor's preprocessor_config.json (copy a tokenizer.json in).
+void write_zero_qwen3_vl_8b(const std::string& text_encoder_dir, const std::string& processor_dir,
+                            DType dtype);
+
+// NucleusMoE-Image's pipeline (families/nucleus/generate.cc), its pipeline class's __call__
+// default step count, and a released-shape pipeline of zero weights: the transformer,
+// Qwen3-VL-8B, the Qwen-Image VAE, the processor's configs (copy a tokenizer.json in), scheduler.
+std::shared_ptr<const pipeline::GenerateSpec> nucleus_open_pipeline(const PipelineFolder& p,
+                                                                    const PipelineOptions& o);
+int nucleus_pipeline_default_steps(const std::string& pipeline_class);
+void nucleus_write_zero_pipeline(const nucleus::Config& transformer, DType dtype,
+                                 const std::string& dir);
 
 // Each family's registration (one file per family).
 Family flux2_family();
 Family qwen_image_family();
 Family qwen21_family();
+Family nucleus_family();
 
 // A model's block topology with the tables its family publishes: what step caches are made
 // against (the families' models and their denoising adapters).
 cache::Topology flux2_topology(const flux2::Model& m);
 cache::Topology qwen21_topology(const qwen::Model21& m);
 cache::Topology qwen_image_topology(const qwen::ModelQwenImage& m);
+cache::Topology nucleus_topology(const nucleus::Model& m);
 
 // FLUX.1's step-cache tables, published by the families that have none fitted yet (with
 // MeanCache's reference schedules, searched on other models, which a user names).

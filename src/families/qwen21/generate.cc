@@ -359,11 +359,8 @@ Json qwen3_vl_preprocessor_config() {
 
 }  // namespace
 
-void qwen21_write_zero_pipeline(const qwen::Config21& transformer, DType dtype,
-                                const std::string& dir) {
-  const fs::path d(dir);
-  write_zero_folder((d / "transformer").string(), transformer.to_json(),
-                    qwen::weight_table(transformer), dtype);
+void write_zero_qwen3_vl_8b(const std::string& text_encoder_dir, const std::string& processor_dir,
+                            DType dtype) {
   const Json te = qwen3_vl_8b_config();
   const qwen3_vl::Config tc = qwen3_vl::Config::from_json(te, "Qwen3-VL-8B config");
   std::vector<ExpectedTensor> table = qwen3::weight_table(tc.text, "model.language_model.");
@@ -375,12 +372,20 @@ void qwen21_write_zero_pipeline(const qwen::Config21& transformer, DType dtype,
            qwen3_vl::kVisionPrefix)) {
     table.push_back(e);
   }
-  write_zero_folder((d / "text_encoder").string(), te, table, dtype);
+  write_zero_folder(text_encoder_dir, te, table, dtype);
+  fs::create_directories(processor_dir);
+  write_file_atomic((fs::path(processor_dir) / "preprocessor_config.json").string(),
+                    qwen3_vl_preprocessor_config().dump(2));
+}
+
+void qwen21_write_zero_pipeline(const qwen::Config21& transformer, DType dtype,
+                                const std::string& dir) {
+  const fs::path d(dir);
+  write_zero_folder((d / "transformer").string(), transformer.to_json(),
+                    qwen::weight_table(transformer), dtype);
+  write_zero_qwen3_vl_8b((d / "text_encoder").string(), (d / "processor").string(), dtype);
   const qwen21_vae::Config vae;  // the class defaults are the released VAE
   write_zero_folder((d / "vae").string(), vae.to_json(), qwen21_vae::weight_table(vae), dtype);
-  fs::create_directories(d / "processor");
-  write_file_atomic((d / "processor/preprocessor_config.json").string(),
-                    qwen3_vl_preprocessor_config().dump(2));
   fs::create_directories(d / "scheduler");
   write_file_atomic((d / "scheduler/scheduler_config.json").string(),
                     qwen_scheduler_json().dump(2));
