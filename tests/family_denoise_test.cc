@@ -45,7 +45,7 @@ class FamilyDenoise : public ::testing::TestWithParam<Case> {
     ExampleShape s;
     s.text_tokens = 8;
     s.height = s.width = 4;  // 16 tokens: a multiple of every family's grid_multiple
-    s.references = {{2, 2}, {2, 4}};
+    if (f.takes_images) s.references = {{2, 2}, {2, 4}};
     s.cfg = f.true_cfg;
     s.seed = 3;
     in_ = example_inputs(*model_, s);

@@ -39,6 +39,7 @@ struct FamilyInfo {
   bool true_cfg = false;        // runs an unconditional branch (negative prompt, cfg_scale)
   bool text_kv_approx = false;  // offers the named approximation text-kv-approx
   int64_t grid_multiple = 1;    // latent grids' token count must be a multiple of this
+  bool takes_images = true;     // a request may carry conditioning images (NucleusMoE-Image: no)
   // Without an exact cache: why none applies and what it would take (predict prints it).
   std::string no_exact_cache;
 };

@@ -49,6 +49,29 @@ struct GemmTiming {
 std::vector<GemmTiming> time_gemm(int64_t m, int64_t k, int64_t n,
                                   const std::vector<GemmVariant>& variants, int runs);
 
+// NucleusMoE-Image's mixture-of-experts MLP (router, shared expert, expert-choice routed
+// experts gathered and multiplied per expert) on `tokens` rows of random values, with random
+// weights stored as `weights`, against a dense SwiGLU doing the same multiply-adds per token
+// (inner width (1 + routed rows per token) x inner, rounded up to whole blocks), alternating
+// one call of each per round after a warm-up; medians are kept (the MoE benchmark's
+// measurement, src/api/moe_timing.cc).
+struct MoeShape {
+  int64_t tokens = 4096;  // S: one 1024^2 image
+  int64_t dim = 2048;     // D
+  int64_t inner = 1344;   // I: moe_intermediate_dim
+  int64_t experts = 64;   // E
+  double capacity_factor = 2.0;
+};
+struct MoeTiming {
+  int64_t capacity = 0;              // C = max(1, ceil(cf S / E)) rows per expert
+  double routed_rows_per_token = 0;  // E C / S
+  int64_t dense_inner = 0;           // the dense SwiGLU's inner width
+  double moe_seconds = 0, dense_seconds = 0;
+  double moe_flops = 0, dense_flops = 0;   // 2 x multiply-adds of one call
+  int64_t moe_bytes = 0, dense_bytes = 0;  // weights as held
+};
+MoeTiming time_moe(const MoeShape& shape, DType weights, int runs);
+
 // A tokenizer.json loaded and `texts` encoded, timed (the tokenizer benchmark's measurement,
 // src/api/tokenizer_timing.cc). The first pass starts from an empty word cache, as a fresh
 // process's first prompts do; the `runs` - 1 passes after it find the words cached, and the

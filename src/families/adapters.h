@@ -12,6 +12,9 @@
 namespace flowkv::flux2 {
 class Model;
 }
+namespace flowkv::nucleus {
+class Model;
+}
 namespace flowkv::qwen {
 class Model21;
 class ModelQwenImage;
@@ -37,6 +40,9 @@ std::unique_ptr<pipeline::DenoiseAdapter> flux2_adapter(
 std::unique_ptr<pipeline::DenoiseAdapter> qwen_image_adapter(const qwen::ModelQwenImage& m,
                                                              const DenoiseInputs& in,
                                                              const DenoiseOptions& opts);
+std::unique_ptr<pipeline::DenoiseAdapter> nucleus_adapter(const nucleus::Model& m,
+                                                          const DenoiseInputs& in,
+                                                          const DenoiseOptions& opts);
 std::unique_ptr<pipeline::DenoiseAdapter> qwen21_adapter(const qwen::Model21& m,
                                                          const DenoiseInputs& in,
                                                          const DenoiseOptions& opts);

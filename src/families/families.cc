@@ -11,7 +11,8 @@ namespace flowkv::families {
 
 const std::vector<Family>& registry() {
   // The order families are listed and asked in (their config class names never overlap).
-  static const std::vector<Family> r = {flux2_family(), qwen_image_family(), qwen21_family()};
+  static const std::vector<Family> r = {flux2_family(), qwen_image_family(), qwen21_family(),
+                                        nucleus_family()};
   return r;
 }
 

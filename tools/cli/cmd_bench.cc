@@ -220,10 +220,14 @@ std::string family_lines() {
     if (f.exact_cache.empty() || f.builtins.empty()) continue;
     std::string names = f.name;
     for (const std::string& a : f.aliases) names += " (or " + a + ")";
+    // Families without conditioning images (NucleusMoE-Image) have no image axis.
+    const std::string axis = f.takes_images ? " x " + f.images + "s" : "";
+    const std::string counts =
+        f.takes_images ? ", " + f.images + "s " + joined(f.bench_images) : std::string();
     s += "  --family " + names + ": " + f.title + ", its exact " + f.exact_cache + " cache;\n" +
-         "    cells = steps x " + f.images + "s" + (f.true_cfg ? " x CFG off/on" : "") +
-         "; defaults: built-in " + f.default_builtin + ", steps " + joined(f.bench_steps) + ", " +
-         f.images + "s " + joined(f.bench_images) + "\n";
+         "    cells = steps" + axis + (f.true_cfg ? " x CFG off/on" : "") +
+         "; defaults: built-in " + f.default_builtin + ", steps " + joined(f.bench_steps) + counts +
+         "\n";
   }
   return s;
 }

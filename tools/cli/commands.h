@@ -11,6 +11,7 @@ void add_forward(CLI::App& app);
 void add_export(CLI::App& app);
 void add_bench_forward(CLI::App& app);
 void add_bench_gemm(CLI::App& app);
+void add_bench_moe(CLI::App& app);
 void add_bench_tokenizer(CLI::App& app);
 void add_quantize(CLI::App& app);
 void add_predict(CLI::App& app);

@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
   flowkv::cli::add_quantize(app);
   flowkv::cli::add_bench_forward(app);
   flowkv::cli::add_bench_gemm(app);
+  flowkv::cli::add_bench_moe(app);
   flowkv::cli::add_bench_tokenizer(app);
   flowkv::cli::add_predict(app);
   flowkv::cli::add_bench(app);
