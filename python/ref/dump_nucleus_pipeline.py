@@ -273,7 +273,9 @@ def main():
             "max_sequence_length": pipe.default_max_sequence_length,
             "return_index": pipe.default_return_index,
             "transformer_config": TRANSFORMER_CFG, "vae_config": VAE_CFG,
-            "scheduler_config": dict(pipe.scheduler.config), "cases": cases}
+            "scheduler_config": {k: v for k, v in pipe.scheduler.config.items()
+                                 if not k.startswith("_")},
+            "cases": cases}
     json.dump(meta, open(os.path.join(a.out, "meta.json"), "w"), indent=1, ensure_ascii=False,
               default=str)
     total = 0
