@@ -140,6 +140,38 @@ TEST(NucleusPrompt, CasesCoverWhatTheyClaim) {
   EXPECT_EQ(r.ints<int32_t>("attention_mask").back(), 0);
 }
 
+TEST(NucleusPrompt, PipelineFolderGivesThePipelinesBranches) {
+  // tests/golden/nucleus_pipeline (dump_nucleus_pipeline.py): the prompt and the default
+  // negative prompt "" as NucleusMoEImagePipeline.__call__ encoded them for the cfg case.
+  const Json m = read_json_file(golden("nucleus_pipeline/meta.json"));
+  const auto st = test::load_tensors(golden("nucleus_pipeline/cfg/stages.safetensors"));
+  const auto enc =
+      qwen3_vl::NucleusPromptEncoder::load(golden("nucleus_pipeline/pipeline/text_encoder"),
+                                           golden("nucleus_pipeline/pipeline/processor"));
+  for (const std::string branch : {"prompt", "negative"}) {
+    SCOPED_TRACE(branch);
+    const std::string prompt = branch == "prompt" ? m["prompt"].get<std::string>() : "";
+    Ctx ctx;
+    const auto got = enc.encode(ctx.ec, prompt);
+    const Tensor& ref = st.at(branch + "_embeds");
+    ASSERT_EQ(got.embeds.shape(), ref.shape());
+    const test::ErrorStats s = test::compare(got.embeds.f32(), ref.f32(), ref.numel());
+    EXPECT_LE(s.rel(), kF32Rel);
+    std::printf("  pipeline %-8s L=%3lld  max rel error %.3g\n", branch.c_str(),
+                static_cast<long long>(ref.dim(1)), s.rel());
+    const auto tok = qwen3_vl::nucleus_prompt_tokens(enc.tokenizer(), enc.padding(), prompt);
+    const Tensor& ids = st.at(branch + "_ids");
+    ASSERT_EQ(static_cast<int64_t>(tok.ids.size()), ids.numel());
+    for (int64_t i = 0; i < ids.numel(); ++i)
+      EXPECT_EQ(tok.ids[i], static_cast<int32_t>(ids.f32()[i]));
+    ASSERT_EQ(st.count(branch + "_mask") == 1, !got.mask.empty());
+    if (!got.mask.empty()) {
+      const Tensor& mask = st.at(branch + "_mask");
+      for (int64_t i = 0; i < mask.numel(); ++i) EXPECT_EQ(got.mask[i], mask.f32()[i]);
+    }
+  }
+}
+
 TEST(NucleusPrompt, BadInputIsRefused) {
   const auto& e = encoder("processor");
   // The reference refuses a max_length that is not a multiple of 8 (meta "refused").
