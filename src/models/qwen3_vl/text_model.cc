@@ -32,12 +32,14 @@ struct TextModel::Weights {
   DType compute = DType::kF32;
   Tensor embed;  // [vocab, H] as stored (a view of the mapped file)
   std::vector<qwen3::LayerWeights> layers;
+  std::vector<float> norm;  // the final norm (hidden_states[N] only)
 };
 
 namespace {
 
-// The language model's table: embeddings, layers and the final norm (present in the file, never
-// read: the pipeline takes the norm's input). lm_head is left out like the vision tower.
+// The language model's table: embeddings, layers and the final norm (read only for
+// hidden_state(N): Qwen-Image 2.1 takes the norm's input). lm_head is left out like the vision
+// tower.
 std::vector<ExpectedTensor> text_table(const Config& c) {
   return qwen3::needed_table(c.text, c.text.num_hidden_layers, kPrefix);
 }
@@ -161,6 +163,7 @@ TextModel TextModel::from_scan(const CheckpointScan& scan, const Config& cfg,
   for (int64_t l = 0; l < cfg.text.num_hidden_layers; ++l) {
     w->layers.push_back(qwen3::load_layer(reader, cfg.text, kPrefix, l, dt, opts.keep_plain));
   }
+  w->norm = qwen3::load_vector(reader, norm_name);
   TextModel m;
   m.w_ = std::move(w);
   return m;
@@ -179,6 +182,20 @@ int64_t TextModel::weight_bytes() const {
 }
 
 Tensor TextModel::forward(const ExecContext& ctx, const TextInputs& in, TextTrace* trace) const {
+  return run(ctx, in, w_->cfg.text.num_hidden_layers, false, trace);
+}
+
+Tensor TextModel::hidden_state(const ExecContext& ctx, const TextInputs& in, int64_t index) const {
+  const int64_t n = w_->cfg.text.num_hidden_layers;
+  FLOWKV_CHECK(index >= -(n + 1) && index <= n, "qwen3_vl encode: hidden state index ", index,
+               " is outside [", -(n + 1), ", ", n, "] (", n + 1, " hidden states for ", n,
+               " layers)");
+  const int64_t k = index < 0 ? n + 1 + index : index;
+  return run(ctx, in, k, k == n, nullptr);
+}
+
+Tensor TextModel::run(const ExecContext& ctx, const TextInputs& in, int64_t layers, bool final_norm,
+                      TextTrace* trace) const {
   const Weights& w = *w_;
   const Config& c = w.cfg;
   const qwen3::Config& tc = c.text;
@@ -195,6 +212,17 @@ Tensor TextModel::forward(const ExecContext& ctx, const TextInputs& in, TextTrac
     n_image += in.ids[i] == c.image_token_id;
   }
   check_vision(c, in, n_image);
+  if (!in.attention_mask.empty()) {
+    FLOWKV_CHECK(static_cast<int64_t>(in.attention_mask.size()) == L,
+                 "qwen3_vl encode: ", in.attention_mask.size(), " attention-mask values for ", L,
+                 " tokens");
+    FLOWKV_CHECK(n_image == 0,
+                 "qwen3_vl encode: an attention mask with image tokens is not supported (the "
+                 "positions would skip the padding: get_rope_index)");
+    for (uint8_t m : in.attention_mask) {
+      FLOWKV_CHECK(m <= 1, "qwen3_vl encode: attention-mask values must be 0 or 1, got ", int{m});
+    }
+  }
   const int64_t n_vision = n_image > 0 ? 1 + static_cast<int64_t>(in.vision->deepstack.size()) : 0;
   // One layer's activations, the RoPE tables, the positions, the f32 copies of the vision
   // outputs (n_vision tensors of at most L rows) and a trace, checked before any is allocated.
@@ -220,7 +248,11 @@ Tensor TextModel::forward(const ExecContext& ctx, const TextInputs& in, TextTrac
     for (Tensor& t : vis.deepstack) ops::round_bf16(ctx, make_mat(t.f32(), n_image, H));
   }
   auto* valid = static_cast<uint8_t*>(ws.bytes(L));
-  std::fill(valid, valid + L, uint8_t{1});
+  if (in.attention_mask.empty()) {
+    std::fill(valid, valid + L, uint8_t{1});
+  } else {
+    std::copy(in.attention_mask.begin(), in.attention_mask.end(), valid);
+  }
   r.valid = valid;
 
   // Embeddings; the image rows take the vision embeddings in order (masked_scatter).
@@ -242,11 +274,12 @@ Tensor TextModel::forward(const ExecContext& ctx, const TextInputs& in, TextTrac
     trace->layers.clear();
   }
   qwen3::trace_rows(ctx, "inputs_embeds", x);
-  for (int64_t l = 0; l < tc.num_hidden_layers; ++l) {
+  for (int64_t l = 0; l < layers; ++l) {
     qwen3::decoder_layer(r, w.layers[static_cast<size_t>(l)], x);
     if (trace) trace->layers.push_back(qwen3::copy_out(x));
     const std::string name = "layers." + std::to_string(l);
     qwen3::trace_rows(ctx, name, x);
+    if (l + 1 == layers && layers < tc.num_hidden_layers) break;  // hidden_states[l + 1]
     // Deepstack: feature l is added to the image rows after layer l (extra features, past the
     // last layer, are ignored as transformers ignores them).
     if (l < static_cast<int64_t>(vis.deepstack.size())) {
@@ -259,6 +292,12 @@ Tensor TextModel::forward(const ExecContext& ctx, const TextInputs& in, TextTrac
       qwen3::round_if_bf16(r, x);
       qwen3::trace_rows(ctx, name + ".deepstack", x);
     }
+  }
+  if (final_norm) {
+    Mat y = alloc_mat(ws, L, H);
+    qwen3::rms_norm(r, x, w.norm, y);
+    qwen3::round_if_bf16(r, y);
+    return qwen3::copy_out(y);
   }
   return qwen3::copy_out(x);
 }

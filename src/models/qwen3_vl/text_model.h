@@ -2,8 +2,9 @@
 // Qwen3VLForConditionalGeneration runs it for Qwen-Image 2.1's prompt encoder): token
 // embeddings with the vision tower's outputs scattered into the <|image_pad|> rows, Qwen3
 // decoder layers (models/qwen3/decoder.h) with interleaved multimodal RoPE on 3-D positions, and
-// the deepstack features added to the image rows after the first layers. One prompt, no padding:
-// the pipeline encodes the positive and negative prompts in separate calls.
+// the deepstack features added to the image rows after the first layers. One prompt: the
+// pipelines encode the positive and negative prompts in separate calls (NucleusMoE-Image pads
+// its prompt, so a text-only prompt may carry an attention mask).
 //
 // The vision tower (pixels -> embeds, deepstack) is not here: its outputs come in as
 // VisionOutputs, in the order of the image placeholders in the ids.
@@ -48,6 +49,12 @@ struct TextInputs {
   std::span<const int32_t> ids = {};
   std::span<const Grid> grids = {};
   const VisionOutputs* vision = nullptr;
+  // transformers' attention_mask [L] (1: token, 0: padding; empty: all tokens), text-only
+  // prompts only. As transformers 5.24 runs a text-only prompt: positions stay 0..L-1 whatever
+  // the mask (no get_rope_index without images), padding is masked as a key (causal and
+  // padding), and a query with no key left (left padding's pad rows) gets a zero attention
+  // output, as torch's SDPA gives it.
+  std::span<const uint8_t> attention_mask = {};
 };
 
 // Intermediates a forward can hand back for tests and tracing (each f32 [L, hidden]).
@@ -85,9 +92,19 @@ class TextModel {
   // "layers.<k>.deepstack" (after deepstack feature k is added), each [L, hidden].
   Tensor forward(const ExecContext& ctx, const TextInputs& in, TextTrace* trace = nullptr) const;
 
+  // transformers' output_hidden_states=True hidden_states[index], f32 [L, hidden]: N + 1 states
+  // for N layers, index 0 the embeddings, k in [1, N) decoder layer k-1's output (before its
+  // deepstack add), N the final norm's output (transformers 5.24 replaces the last layer's output
+  // with last_hidden_state); a negative index counts from the end as Python's (-1: N). Only the
+  // layers up to the index run. An Error outside [-(N+1), N].
+  Tensor hidden_state(const ExecContext& ctx, const TextInputs& in, int64_t index) const;
+
   struct Weights;
 
  private:
+  // The first `layers` decoder layers, then the final norm when `final_norm`.
+  Tensor run(const ExecContext& ctx, const TextInputs& in, int64_t layers, bool final_norm,
+             TextTrace* trace) const;
   std::shared_ptr<const Weights> w_;
 };
 
