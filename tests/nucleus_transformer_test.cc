@@ -24,9 +24,10 @@ using nucleus::Model;
 const std::string kDir = "nucleus_transformer";
 // f32: max abs error <= 1e-5 x max |reference| for every tensor.
 constexpr double kF32Tol = 1e-5;
-// bf16: diffusers rounds every op's result to bf16; flowkv rounds weights, linear inputs,
-// K/V and the timestep path. Measured worst output error is reported by the test.
-constexpr double kBf16Tol = 5e-2;
+// bf16: flowkv rounds to bf16 where diffusers' bf16 tensors do, up to the attention (exact
+// through q, k, v); torch's CPU attention rounds its probabilities to bf16 before P @ V, flowkv's
+// keeps them in f32 (measured: output 5.5e-3, worst tensor 1.5e-2).
+constexpr double kBf16Tol = 3e-2;
 
 // The golden inputs as flowkv takes them.
 struct Inputs {

@@ -212,6 +212,71 @@ struct Run {
   KVMemory* scratch;  // the live text K/V of one block (route compute)
 };
 
+// Under BF16 compute diffusers holds every activation as a bf16 tensor: round where a value
+// becomes one that later ops read (the residual stream, embeddings, modulation).
+void round_if(const Run& r, Mat m) {
+  if (r.bf16) ops::round_bf16(r.ec, m);
+}
+
+// diffusers' RMSNorm without RoPE (txt_norm, the timestep norm); under BF16 compute x * rsqrt
+// is rounded to bf16 before the weight multiplies it, and the product again.
+void rms_norm(const Run& r, Mat m, const std::vector<float>& weight) {
+  if (!r.bf16) {
+    ops::rms_norm_rope(r.ec, m, m.cols, weight.data(), r.eps, {});
+    return;
+  }
+  ops::rms_norm_rope(r.ec, m, m.cols, nullptr, r.eps, {});
+  ops::round_bf16(r.ec, m);
+  for (int64_t i = 0; i < m.rows; ++i) {
+    float* row = m.row(i);
+    for (int64_t j = 0; j < m.cols; ++j) row[j] *= weight[static_cast<size_t>(j)];
+  }
+  ops::round_bf16(r.ec, m);
+}
+
+// y = LN(x) * (1 + scale) (scale absent: LN(x)); under BF16 compute LN(x), 1 + scale and the
+// product are each rounded to bf16, as diffusers' bf16 tensors are.
+void modulate(const Run& r, Mat x, Mat y, ops::ModRows scale) {
+  if (!r.bf16 || !scale.data) {
+    ops::layer_norm_modulate(r.ec, x, y, scale, {}, r.eps);
+    round_if(r, y);
+    return;
+  }
+  ops::layer_norm_modulate(r.ec, x, y, {}, {}, r.eps);
+  ops::round_bf16(r.ec, y);
+  for (int64_t i = 0; i < y.rows; ++i) {
+    float* row = y.row(i);
+    const float* s = scale.at(i);
+    for (int64_t j = 0; j < y.cols; ++j) row[j] = round_bf16(row[j] * round_bf16(1.0f + s[j]));
+  }
+}
+
+// Per head: RMSNorm then RoPE. Under BF16 compute the normalised value, its product with the
+// weight and the rotated value are each rounded to bf16 (diffusers' RMSNorm and
+// _apply_rotary_emb_nucleus on bf16 tensors; the rotation itself runs in f32).
+void qk_norm_rope(const Run& r, Mat m, const std::vector<float>& weight, ops::RopeRows rope) {
+  if (!r.bf16) {
+    ops::rms_norm_rope(r.ec, m, r.hd, weight.data(), r.eps, rope);
+    return;
+  }
+  ops::rms_norm_rope(r.ec, m, r.hd, nullptr, r.eps, {});
+  ops::round_bf16(r.ec, m);
+  for (int64_t i = 0; i < m.rows; ++i) {
+    float* row = m.row(i);
+    const float* c = rope.cos + (i % rope.seq) * r.hd;
+    const float* sn = rope.sin + (i % rope.seq) * r.hd;
+    for (int64_t h = 0; h < m.cols / r.hd; ++h) {
+      float* v = row + h * r.hd;
+      for (int64_t j = 0; j < r.hd; ++j) v[j] = round_bf16(v[j] * weight[static_cast<size_t>(j)]);
+      for (int64_t j = 0; j < r.hd; j += 2) {
+        const float a = v[j], b = v[j + 1];
+        v[j] = round_bf16(a * c[j] - b * sn[j]);
+        v[j + 1] = round_bf16(b * c[j + 1] + a * sn[j + 1]);
+      }
+    }
+  }
+}
+
 cache::Streams image_streams(int64_t batch, Mat x, int64_t seq) {
   cache::Streams s;
   s.batch = batch;
@@ -230,9 +295,11 @@ void time_embedding(Run& r, const float* timestep) {
   }
   if (r.bf16) ops::round_bf16(r.ec, sinus);  // timesteps_proj.to(hidden_states.dtype)
   w.time_1.forward(r.ec, sinus, hidden);
+  round_if(r, hidden);
   ops::silu(r.ec, hidden.data, hidden.data, r.B * 4 * r.D);
   w.time_2.forward(r.ec, hidden, r.temb);
-  ops::rms_norm_rope(r.ec, r.temb, r.D, w.time_norm.data(), r.eps, {});
+  round_if(r, r.temb);
+  rms_norm(r, r.temb, w.time_norm);
   ops::silu(r.ec, r.temb.data, r.act.data, r.B * r.D);
   trace_tensor(r.ec, "temb", r.temb.data, {r.B, r.D});
 }
@@ -261,8 +328,8 @@ ops::KVSource text_kv(const Run& r, int64_t i, const SegmentKV& route) {
   Mat context = alloc_mat(r.ws, rows, r.D), kv = alloc_mat(r.ws, rows, 2 * r.KV);
   w.enc.forward(r.ec, r.text, context);
   w.txt_kv.forward(r.ec, context, kv);
-  ops::rms_norm_rope(r.ec, kv.cols_slice(0, r.KV), r.hd, w.norm_added_k.data(), r.eps,
-                     {r.txt_cos, r.txt_sin, r.L});
+  round_if(r, kv);
+  qk_norm_rope(r, kv.cols_slice(0, r.KV), w.norm_added_k, {r.txt_cos, r.txt_sin, r.L});
   const TraceBlock n{"transformer_blocks.", i};
   // The memory rounds to its dtype: the live path reads the very values a splice reads.
   KVMemory* mem = route.route == KVRoute::kComputeAndStore ? route.store : r.scratch;
@@ -281,8 +348,8 @@ void mlp_output(const Run& r, const BlockWeights& w, Mat x, ops::ModRows scale2,
   ArenaScope scope(r.ws);
   const int64_t rows = x.rows;
   Mat xn = alloc_mat(r.ws, rows, r.D), xm = alloc_mat(r.ws, rows, r.D);
-  ops::layer_norm_modulate(r.ec, x, xn, {}, {}, r.eps);
-  ops::layer_norm_modulate(r.ec, x, xm, scale2, {}, r.eps);
+  modulate(r, x, xn, {});
+  modulate(r, x, xm, scale2);
   if (w.moe) {
     w.experts.forward(r.ec, r.B, r.N, r.temb.data, xn.data, xm.data, y.data);
     return;
@@ -291,6 +358,7 @@ void mlp_output(const Run& r, const BlockWeights& w, Mat x, ops::ModRows scale2,
   Mat h = alloc_mat(r.ws, rows, 2 * f), u = alloc_mat(r.ws, rows, f);
   w.mlp_gate.forward(r.ec, xm, h.cols_slice(0, f));
   w.mlp_val.forward(r.ec, xm, h.cols_slice(f, f));
+  round_if(r, h);
   ops::swiglu(r.ec, h, u);  // SiLU(gate) * value
   w.mlp_out.forward(r.ec, u, y);
 }
@@ -312,24 +380,26 @@ void block(const Run& r, int64_t i, Mat x, const SegmentKV& route, const uint8_t
   const int64_t D = r.D;
   Mat mod = alloc_mat(r.ws, r.B, 4 * D);
   w.mod.forward(ec, r.act, mod);
+  round_if(r, mod);
   for (int64_t b = 0; b < r.B; ++b) {
     for (int k : {1, 3}) {
       float* g = mod.row(b) + k * D;
       for (int64_t j = 0; j < D; ++j) g[j] = std::tanh(std::clamp(g[j], -2.0f, 2.0f));
     }
   }
+  round_if(r, mod);
   auto part = [&](int k) { return ops::ModRows{mod.data + k * D, 4 * D, r.N}; };
   Mat attn = alloc_mat(r.ws, x.rows, D);
   if (attends) {
     ArenaScope s2(r.ws);
     const int64_t qkv_cols = D + 2 * r.KV;
     Mat norm = alloc_mat(r.ws, x.rows, D), qkv = alloc_mat(r.ws, x.rows, qkv_cols);
-    ops::layer_norm_modulate(ec, x, norm, part(0), {}, r.eps);
+    modulate(r, x, norm, part(0));
     w.qkv.forward(ec, norm, qkv);
+    round_if(r, qkv);
     const ops::RopeRows rope{r.img_cos, r.img_sin, r.N};
-    ops::rms_norm_rope(ec, qkv.cols_slice(0, D), r.hd, w.norm_q.data(), r.eps, rope);
-    ops::rms_norm_rope(ec, qkv.cols_slice(D, r.KV), r.hd, w.norm_k.data(), r.eps, rope);
-    if (r.bf16) ops::round_bf16(ec, qkv.cols_slice(D, 2 * r.KV));  // K, V as bf16 tensors
+    qk_norm_rope(r, qkv.cols_slice(0, D), w.norm_q, rope);
+    qk_norm_rope(r, qkv.cols_slice(D, r.KV), w.norm_k, rope);
     if (ec.tracer) {
       trace_parts(ec, n + "norm1", r.B, {{norm, r.N}});
       trace_parts(ec, n + "attn.q", r.B, {{qkv.cols_slice(0, D), r.N}}, r.H);
@@ -349,11 +419,15 @@ void block(const Run& r, int64_t i, Mat x, const SegmentKV& route, const uint8_t
   cache::Streams ys = image_streams(r.B, y, r.N);
   r.loop.sublayer(i, cache::Sublayer::kAttention, reuse_attn, ys,
                   [&] { w.out.forward(ec, attn, y); });
+  round_if(r, y);
   ops::gated_add(ec, x, y, part(1));
+  round_if(r, x);
   r.loop.sublayer(i, cache::Sublayer::kMlp, r.loop.reuse(i, cache::Sublayer::kMlp), ys,
                   [&] { mlp_output(r, w, x, part(2), y); });
+  round_if(r, y);
   trace_parts(ec, n + "mlp", r.B, {{y, r.N}});
   ops::gated_add(ec, x, y, part(3));
+  round_if(r, x);
   trace_parts(ec, n + "out", r.B, {{x, r.N}});
 }
 
@@ -479,12 +553,13 @@ void Model::forward(const ExecContext& ec, const Args& a) const {
   // 1. img_in, txt_norm (unless spliced), the timestep embedding.
   Mat x = alloc_mat(r.ws, B * N, D);
   w.img_in.forward(ec, gather_rows(r.ws, B, {plan.target}, c.in_channels), x);
+  round_if(r, x);
   trace_parts(ec, "img_in", B, {{x, N}});
   if (route.route != KVRoute::kSplice) {
     const int64_t C = c.joint_attention_dim;
     r.text = alloc_mat(r.ws, B * L, C);
     copy_rows(gather_rows(r.ws, B, {plan.text}, C), r.text);
-    ops::rms_norm_rope(ec, r.text, C, w.txt_norm.data(), r.eps, {});
+    rms_norm(r, r.text, w.txt_norm);
     trace_parts(ec, "txt_norm", B, {{r.text, L}});
   }
   time_embedding(r, a.timestep);
