@@ -10,10 +10,12 @@
 #include "flowkv/error.h"
 #include "golden_util.h"
 #include "io/checkpoint.h"
+#include "io/gguf.h"
 #include "models/nucleus/builtin.h"
 #include "models/nucleus/config.h"
 #include "models/nucleus/model.h"
 #include "models/nucleus/weights.h"
+#include "temp_files.h"
 
 namespace flowkv {
 namespace {
@@ -167,6 +169,97 @@ TEST(NucleusTextKV, MemoryOfTheWrongShapeOrTypeIsRefused) {
                          SegmentKV{.route = KVRoute::kSplice}}) {
     EXPECT_THROW(m.forward(ec, in.args(out.data(), kv)), Error);
   }
+}
+
+// A step cache that skips one block: the image stream passes it unchanged, yet a
+// compute-and-store call still stores that block's text K/V (the memory is complete).
+struct SkipBlock : cache::BlockHooks {
+  int skip = 1;
+  std::vector<int> seen;
+  cache::BlockAction before_block(int block, cache::Streams& s) override {
+    EXPECT_EQ(s.s.size(), 1u);
+    EXPECT_EQ(s.s[0].name, "target");
+    seen.push_back(block);
+    return block == skip ? cache::BlockAction::kSkip : cache::BlockAction::kRun;
+  }
+};
+
+TEST(NucleusTextKV, SkippedBlocksStillStoreTheirTextKV) {
+  const Model m = golden_model(3, DType::kF32);
+  const Inputs in;
+  KVMemory mem(m.kv_layers(), in.B, in.L, m.kv_width(), m.kv_dtype());
+  std::vector<float> out(static_cast<size_t>(in.B * in.N * m.config().out_features()));
+  Arena arena;
+  ExecContext ec{&arena};
+  SkipBlock hooks;
+  nucleus::Args a = in.args(out.data(), {.route = KVRoute::kComputeAndStore, .store = &mem});
+  a.hooks = &hooks;
+  m.forward(ec, a);
+  EXPECT_EQ(hooks.seen, (std::vector<int>{0, 1, 2}));
+  EXPECT_TRUE(mem.complete());
+  // The stored K/V are those of an uncached call.
+  KVMemory full(m.kv_layers(), in.B, in.L, m.kv_width(), m.kv_dtype());
+  run(m, in, {.route = KVRoute::kComputeAndStore, .store = &full});
+  for (int64_t i = 0; i < m.kv_layers(); ++i) {
+    const Tensor a1 = mem.keys(i), b1 = full.keys(i), a2 = mem.values(i), b2 = full.values(i);
+    EXPECT_TRUE(test::bit_equal(a1.f32(), b1.f32(), a1.numel())) << i;
+    EXPECT_TRUE(test::bit_equal(a2.f32(), b2.f32(), a2.numel())) << i;
+  }
+}
+
+// ---------------------------------------------------------------- GGUF
+
+// The tensors as `flowkv quantize` lays them out in a GGUF file: experts output-major.
+std::vector<TensorToWrite> gguf_tensors(const std::map<std::string, Tensor>& t,
+                                        std::vector<Tensor>& keep) {
+  std::vector<TensorToWrite> out;
+  for (const auto& [name, x] : t) {
+    Tensor v = x;
+    const bool gate_up = name.find("experts.gate_up_proj") != std::string::npos;
+    const bool down = name.find("experts.down_proj") != std::string::npos;
+    if (gate_up || down) {  // [E, a, b] -> [E, b, a]
+      const int64_t E = x.dim(0), a = x.dim(1), b = x.dim(2);
+      v = Tensor::empty({E, b, a});
+      for (int64_t e = 0; e < E; ++e)
+        for (int64_t i = 0; i < a; ++i)
+          for (int64_t j = 0; j < b; ++j)
+            v.f32()[(e * b + j) * a + i] = x.f32()[(e * a + i) * b + j];
+    }
+    keep.push_back(v);
+    out.push_back({name, v.dtype(), v.shape(), v.raw()});
+  }
+  return out;
+}
+
+void expect_gguf_round_trip(int64_t layers) {
+  Config c;
+  const auto t = golden_tensors(layers, &c, DType::kF32);
+  test::TempDir dir;
+  const std::string file = dir.file("nucleus.gguf");
+  std::vector<Tensor> keep;
+  write_gguf(file,
+             {{"general.architecture", GgufValue::string("nucleus")},
+              {"flowkv.config", GgufValue::string(c.to_json().dump())}},
+             gguf_tensors(t, keep));
+  const Model from_file = Model::load(file);
+  const Model direct = Model::from_tensors(t, c);
+  EXPECT_EQ(from_file.config().to_json(), c.to_json());
+  const Inputs in;
+  const auto a = run(from_file, in), b = run(direct, in);
+  EXPECT_TRUE(test::bit_equal(a.data(), b.data(), static_cast<int64_t>(a.size())));
+  // A GGUF file without its config is refused by name.
+  const std::string bare = dir.file("bare.gguf");
+  write_gguf(bare, {}, gguf_tensors(t, keep));
+  try {
+    Model::load(bare);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("flowkv.config"), std::string::npos) << e.what();
+  }
+}
+
+TEST(NucleusGguf, DenseModelRoundTrip) {
+  expect_gguf_round_trip(3);
 }
 
 // ---------------------------------------------------------------- threads, topology
