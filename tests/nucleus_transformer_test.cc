@@ -28,7 +28,8 @@ const std::string kDir = "nucleus_transformer";
 constexpr double kF32Tol = 1e-5;
 // bf16: flowkv rounds to bf16 where diffusers' bf16 tensors do, up to the attention (exact
 // through q, k, v); torch's CPU attention rounds its probabilities to bf16 before P @ V, flowkv's
-// keeps them in f32 (measured: output 5.5e-3, worst tensor 1.5e-2).
+// keeps them in f32 (measured: dense3 output 5.5e-3, worst tensor 1.5e-2; full
+// output 1.1e-2, worst tensor 2.6e-2).
 constexpr double kBf16Tol = 3e-2;
 
 // The golden inputs as flowkv takes them.
@@ -120,6 +121,20 @@ TEST(NucleusGolden, DenseBlocksBf16CloseToDiffusersBf16) {
   expect_golden(m, "dense3_bf16", kBf16Tol);
 }
 
+// The whole model (blocks 3-4 mixture-of-experts), loaded from the diffusers folder.
+TEST(NucleusGolden, MoEBlocksF32MatchDiffusers) {
+  const Model m = Model::load(test::golden(kDir + "/transformer"));
+  EXPECT_EQ(m.compute_dtype(), DType::kF32);
+  EXPECT_TRUE(m.config().is_moe(3) && m.config().is_moe(4) && !m.config().is_moe(2));
+  expect_golden(m, "full", kF32Tol);
+}
+
+TEST(NucleusGolden, MoEBlocksBf16CloseToDiffusersBf16) {
+  const Model m = golden_model(5, DType::kBF16);
+  EXPECT_EQ(m.compute_dtype(), DType::kBF16);
+  expect_golden(m, "full_bf16", kBf16Tol);
+}
+
 // ---------------------------------------------------------------- the text K/V memory
 
 // compute, then compute-and-store, then splice (at the same and at another timestep): bit for
@@ -152,6 +167,11 @@ TEST(NucleusTextKV, StoreThenSpliceEqualsComputeF32) {
 
 TEST(NucleusTextKV, StoreThenSpliceEqualsComputeBf16) {
   expect_text_kv_exact(golden_model(3, DType::kBF16));
+}
+
+TEST(NucleusTextKV, StoreThenSpliceEqualsComputeWithMoEBlocks) {
+  expect_text_kv_exact(golden_model(5, DType::kF32));
+  expect_text_kv_exact(golden_model(5, DType::kBF16));
 }
 
 TEST(NucleusTextKV, MemoryOfTheWrongShapeOrTypeIsRefused) {
@@ -262,11 +282,15 @@ TEST(NucleusGguf, DenseModelRoundTrip) {
   expect_gguf_round_trip(3);
 }
 
+TEST(NucleusGguf, MoEModelRoundTripWithOutputMajorExperts) {
+  expect_gguf_round_trip(5);
+}
+
 // ---------------------------------------------------------------- threads, topology
 
 TEST(NucleusModel, ResultDoesNotDependOnTheThreadCount) {
   for (DType dt : {DType::kF32, DType::kBF16}) {
-    const Model m = golden_model(3, dt);
+    const Model m = golden_model(5, dt);
     const Inputs in;
     set_num_threads(1);
     const auto one = run(m, in);

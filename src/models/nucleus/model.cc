@@ -120,8 +120,9 @@ std::shared_ptr<Model::Weights> build(const Getter& get,
                          .capacity_factor = c.capacity_factor(i),
                          .use_sigmoid = c.use_sigmoid,
                          .route_scale = c.route_scale};
-      b.experts = MoELayer::from_tensors(
-          [&](const std::string& leaf) { return get(prefix + leaf); }, mc, layout, dt, plain);
+      b.experts =
+          MoELayer::from_tensors([&](const std::string& leaf) { return get(prefix + leaf); }, mc,
+                                 layout, dt, plain, prefix);
     }
     w->blocks.push_back(std::move(b));
   }
