@@ -51,6 +51,10 @@ class MoELayer {
   static MoELayer from_tensors(const std::function<Tensor(const std::string&)>& get,
                                const MoEConfig& c, ExpertLayout layout, ops::Compute compute,
                                bool keep_plain = false);
+  // The same, with the tensors' prefix ("transformer_blocks.3.img_mlp.") for error messages.
+  static MoELayer from_tensors(const std::function<Tensor(const std::string&)>& get,
+                               const MoEConfig& c, ExpertLayout layout, ops::Compute compute,
+                               bool keep_plain, const std::string& prefix);
 
   const MoEConfig& config() const;
   // Bytes the weights occupy as held.
