@@ -70,7 +70,8 @@ class NucleusDenoise : public ::testing::Test {
   }
   static DenoiseInputs inputs(int64_t negative_rows) {
     DenoiseInputs in = example_inputs(
-        model(), {.text_tokens = 8, .height = 4, .width = 6, .cfg = true, .seed = 3});
+        model(),
+        {.text_tokens = 8, .height = 4, .width = 6, .references = {}, .cfg = true, .seed = 3});
     // A padded prompt: its last two rows masked, as the pipeline pads to a multiple of 8.
     in.prompt.mask = Tensor::zeros({1, 8});
     for (int i = 0; i < 6; ++i) in.prompt.mask.f32()[i] = 1;
@@ -139,12 +140,12 @@ TEST(NucleusFamily, QuantizedGgufRunsCloseToTheFolder) {
   export_builtin("nucleus-tiny", 7, "f32", folder);
   const QuantizeReport rep = quantize_checkpoint(folder, gguf, DType::kQ8_0, {});
   EXPECT_GT(rep.quantized, 0);
-  const CheckpointScan in = scan_checkpoint(folder), out = scan_checkpoint(gguf);
+  const CheckpointScan stored = scan_checkpoint(folder), written = scan_checkpoint(gguf);
   int experts = 0;
-  for (const auto& [name, info] : in.tensors) {
+  for (const auto& [name, info] : stored.tensors) {
     if (name.find(".img_mlp.experts.") == std::string::npos) continue;
     ++experts;
-    const TensorInfo& q = out.tensors.at(name);
+    const TensorInfo& q = written.tensors.at(name);
     ASSERT_EQ(info.shape.size(), 3u) << name;
     EXPECT_EQ(q.shape, (Shape{info.shape[0], info.shape[2], info.shape[1]})) << name;
     EXPECT_EQ(q.dtype, DType::kQ8_0) << name;

@@ -13,6 +13,7 @@
 #include "models/nucleus/builtin.h"
 #include "models/nucleus/config.h"
 #include "models/nucleus/model.h"
+#include "models/nucleus/moe.h"
 #include "models/nucleus/weights.h"
 #include "pipeline/denoise.h"
 
