@@ -231,8 +231,9 @@ TEST(NucleusTextKV, SkippedBlocksStillStoreTheirTextKV) {
 // ---------------------------------------------------------------- GGUF
 
 // The tensors as `flowkv quantize` lays them out in a GGUF file: experts output-major.
+// `quantize_gate_up`: gate_up_proj (rows of D = 32: whole Q8_0 blocks) stored as Q8_0.
 std::vector<TensorToWrite> gguf_tensors(const std::map<std::string, Tensor>& t,
-                                        std::vector<Tensor>& keep) {
+                                        std::vector<Tensor>& keep, bool quantize_gate_up = false) {
   std::vector<TensorToWrite> out;
   for (const auto& [name, x] : t) {
     Tensor v = x;
@@ -245,6 +246,7 @@ std::vector<TensorToWrite> gguf_tensors(const std::map<std::string, Tensor>& t,
         for (int64_t i = 0; i < a; ++i)
           for (int64_t j = 0; j < b; ++j)
             v.f32()[(e * b + j) * a + i] = x.f32()[(e * a + i) * b + j];
+      if (gate_up && quantize_gate_up) v = v.to(DType::kQ8_0);
     }
     keep.push_back(v);
     out.push_back({name, v.dtype(), v.shape(), v.raw()});
@@ -285,6 +287,23 @@ TEST(NucleusGguf, DenseModelRoundTrip) {
 
 TEST(NucleusGguf, MoEModelRoundTripWithOutputMajorExperts) {
   expect_gguf_round_trip(5);
+}
+
+TEST(NucleusGguf, QuantizedExpertsLoad) {
+  Config c;
+  const auto t = golden_tensors(5, &c, DType::kF32);
+  test::TempDir dir;
+  const std::string file = dir.file("q8.gguf");
+  std::vector<Tensor> keep;
+  write_gguf(file, {{"flowkv.config", GgufValue::string(c.to_json().dump())}},
+             gguf_tensors(t, keep, true));
+  const Model q = Model::load(file);
+  const Inputs in;
+  const auto a = run(q, in), b = run(Model::from_tensors(t, c), in);
+  const test::ErrorStats e = test::compare(a.data(), b.data(), static_cast<int64_t>(a.size()));
+  std::printf("  Q8_0 experts vs f32: relative error %.3g\n", e.rel());
+  EXPECT_LT(e.rel(), 2e-2);
+  EXPECT_GT(e.rel(), 0.0);
 }
 
 // ---------------------------------------------------------------- threads, topology

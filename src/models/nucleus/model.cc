@@ -129,6 +129,37 @@ std::shared_ptr<Model::Weights> build(const Getter& get,
   return w;
 }
 
+// The files against the weight table. check_against_table takes block-quantized types on 2-D
+// weights only; the experts' 3-D tensors (output-major in a GGUF file: rows of whole blocks)
+// are checked here for presence, shape and a known type, and by MoELayer for which types.
+std::vector<std::string> table_problems(const std::map<std::string, TensorInfo>& tensors,
+                                        const std::vector<ExpectedTensor>& table) {
+  std::map<std::string, TensorInfo> rest = tensors;
+  std::vector<ExpectedTensor> plain;
+  std::vector<std::string> problems;
+  for (const ExpectedTensor& e : table) {
+    if (e.shape.size() != 3) {
+      plain.push_back(e);
+      continue;
+    }
+    const auto it = rest.find(e.name);
+    if (it == rest.end()) {
+      problems.push_back("missing tensor " + e.name + " " + shape_str(e.shape));
+      continue;
+    }
+    if (it->second.shape != e.shape) {
+      problems.push_back(e.name + ": shape " + shape_str(it->second.shape) + ", expected " +
+                         shape_str(e.shape));
+    } else if (!it->second.dtype_known) {
+      problems.push_back(e.name + ": dtype " + it->second.dtype_name + " cannot be read");
+    }
+    rest.erase(it);
+  }
+  const auto more = check_against_table(rest, plain);
+  problems.insert(problems.end(), more.begin(), more.end());
+  return problems;
+}
+
 DType compute_of(bool all_bf16, const LoadOptions& o) {
   return o.auto_dtype ? (all_bf16 ? DType::kBF16 : DType::kF32) : o.compute;
 }
@@ -445,7 +476,7 @@ Model Model::from_tensors(const std::map<std::string, Tensor>& tensors, const Co
     info.dtype = t.dtype(), info.shape = t.shape();
     all_bf16 &= t.dtype() == DType::kBF16;
   }
-  const auto problems = check_against_table(infos, weight_table(c));
+  const auto problems = table_problems(infos, weight_table(c));
   FLOWKV_CHECK(problems.empty(),
                format_problems("the tensors are not a NucleusMoE-Image transformer of its config",
                                problems));
@@ -468,7 +499,7 @@ Model Model::load(const std::string& path, const LoadOptions& opts) {
   // `flowkv quantize` writes the experts output-major (rows of whole blocks); diffusers'
   // safetensors hold them pre-transposed for x @ W.
   const ExpertLayout layout = gguf ? ExpertLayout::kOutputMajor : ExpertLayout::kInputMajor;
-  const auto problems = check_against_table(scan.tensors, weight_table(c, gguf));
+  const auto problems = table_problems(scan.tensors, weight_table(c, gguf));
   FLOWKV_CHECK(problems.empty(),
                format_problems(scan.path + " does not hold a NucleusMoE-Image transformer of its "
                                            "config",
