@@ -266,11 +266,11 @@ void rms_norm(const Run& r, Mat m, const std::vector<float>& weight) {
   ops::round_bf16(r.ec, m);
 }
 
-// y = LN(x) * (1 + scale) (scale absent: LN(x)); under BF16 compute LN(x), 1 + scale and the
-// product are each rounded to bf16, as diffusers' bf16 tensors are.
-void modulate(const Run& r, Mat x, Mat y, ops::ModRows scale) {
+// y = LN(x) * (1 + scale) [+ shift] (scale absent: LN(x)); under BF16 compute LN(x), 1 + scale,
+// the product and the sum are each rounded to bf16, as diffusers' bf16 tensors are.
+void modulate(const Run& r, Mat x, Mat y, ops::ModRows scale, ops::ModRows shift = {}) {
   if (!r.bf16 || !scale.data) {
-    ops::layer_norm_modulate(r.ec, x, y, scale, {}, r.eps);
+    ops::layer_norm_modulate(r.ec, x, y, scale, shift, r.eps);
     round_if(r, y);
     return;
   }
@@ -278,8 +278,41 @@ void modulate(const Run& r, Mat x, Mat y, ops::ModRows scale) {
   ops::round_bf16(r.ec, y);
   for (int64_t i = 0; i < y.rows; ++i) {
     float* row = y.row(i);
-    const float* s = scale.at(i);
-    for (int64_t j = 0; j < y.cols; ++j) row[j] = round_bf16(row[j] * round_bf16(1.0f + s[j]));
+    const float *s = scale.at(i), *b = shift.at(i);
+    for (int64_t j = 0; j < y.cols; ++j) {
+      row[j] = round_bf16(row[j] * round_bf16(1.0f + s[j]));
+      if (b) row[j] = round_bf16(row[j] + b[j]);
+    }
+  }
+}
+
+// x += gate * y; under BF16 compute gate * y and the sum are each rounded to bf16.
+void gated_add(const Run& r, Mat x, Mat y, ops::ModRows gate) {
+  if (!r.bf16) {
+    ops::gated_add(r.ec, x, y, gate);
+    return;
+  }
+  for (int64_t i = 0; i < x.rows; ++i) {
+    float* xr = x.row(i);
+    const float *yr = y.row(i), *g = gate.at(i);
+    for (int64_t j = 0; j < x.cols; ++j) xr[j] = round_bf16(xr[j] + round_bf16(g[j] * yr[j]));
+  }
+}
+
+// out = SiLU(gate) * value over h = [gate | value]; under BF16 compute SiLU(gate) and the
+// product are each rounded to bf16 (diffusers' SwiGLU on bf16 tensors).
+void swiglu(const Run& r, Mat h, Mat out) {
+  if (!r.bf16) {
+    ops::swiglu(r.ec, h, out);
+    return;
+  }
+  const int64_t f = out.cols;
+  for (int64_t i = 0; i < h.rows; ++i) {
+    const float *g = h.row(i), *v = h.row(i) + f;
+    float* o = out.row(i);
+    for (int64_t j = 0; j < f; ++j) {
+      o[j] = round_bf16(v[j] * round_bf16(g[j] / (1.0f + std::exp(-g[j]))));
+    }
   }
 }
 
@@ -391,7 +424,7 @@ void mlp_output(const Run& r, const BlockWeights& w, Mat x, ops::ModRows scale2,
   w.mlp_gate.forward(r.ec, xm, h.cols_slice(0, f));
   w.mlp_val.forward(r.ec, xm, h.cols_slice(f, f));
   round_if(r, h);
-  ops::swiglu(r.ec, h, u);  // SiLU(gate) * value
+  swiglu(r, h, u);
   w.mlp_out.forward(r.ec, u, y);
 }
 
@@ -452,14 +485,12 @@ void block(const Run& r, int64_t i, Mat x, const SegmentKV& route, const uint8_t
   r.loop.sublayer(i, cache::Sublayer::kAttention, reuse_attn, ys,
                   [&] { w.out.forward(ec, attn, y); });
   round_if(r, y);
-  ops::gated_add(ec, x, y, part(1));
-  round_if(r, x);
+  gated_add(r, x, y, part(1));
   r.loop.sublayer(i, cache::Sublayer::kMlp, r.loop.reuse(i, cache::Sublayer::kMlp), ys,
                   [&] { mlp_output(r, w, x, part(2), y); });
   round_if(r, y);
   trace_parts(ec, n + "mlp", r.B, {{y, r.N}});
-  ops::gated_add(ec, x, y, part(3));
-  round_if(r, x);
+  gated_add(r, x, y, part(3));
   trace_parts(ec, n + "out", r.B, {{x, r.N}});
 }
 
@@ -607,7 +638,8 @@ void Model::forward(const ExecContext& ec, const Args& a) const {
   r.loop.begin(streams, [&] {  // block 0's modulated input
     Mat mod = alloc_mat(r.ws, B, 4 * D), probe = alloc_mat(r.ws, B * N, D);
     if (c.num_layers > 0) w.blocks[0].mod.forward(ec, r.act, mod);
-    ops::layer_norm_modulate(ec, x, probe, {mod.data, 4 * D, N}, {}, r.eps);
+    round_if(r, mod);
+    modulate(r, x, probe, {mod.data, 4 * D, N});
     return probe;
   });
   r.loop.run(0, c.num_layers, streams,
@@ -617,7 +649,8 @@ void Model::forward(const ExecContext& ec, const Args& a) const {
   // 4. norm_out ([scale, shift] from SiLU(temb), with bias) and proj_out (no bias).
   Mat emb = alloc_mat(r.ws, B, 2 * D), normed = alloc_mat(r.ws, B * N, D);
   w.norm_out.forward(ec, r.act, emb);
-  ops::layer_norm_modulate(ec, x, normed, {emb.data, 2 * D, N}, {emb.data + D, 2 * D, N}, r.eps);
+  round_if(r, emb);
+  modulate(r, x, normed, {emb.data, 2 * D, N}, {emb.data + D, 2 * D, N});
   const Mat out = make_mat(a.out, B * N, c.out_features());
   w.proj_out.forward(ec, normed, out);
   trace_parts(ec, "norm_out", B, {{normed, N}});
