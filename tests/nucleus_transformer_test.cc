@@ -356,6 +356,9 @@ TEST(NucleusModel, TopologyIsOneStreamOfBlocks) {
   EXPECT_EQ(t.blocks[2].name, "transformer_blocks.2");
   EXPECT_EQ(m.kv_layers(), 3);
   EXPECT_EQ(m.kv_width(), 2 * 8);
+  EXPECT_EQ(m.kv_dtype(), DType::kF32);
+  EXPECT_GT(m.weight_bytes(), 0);
+  EXPECT_EQ(golden_model(5, DType::kBF16).kv_dtype(), DType::kBF16);
 }
 
 // The built-in "nucleus-tiny" (2+ dense and 2 MoE blocks, GQA): a forward runs, its output is

@@ -8,6 +8,7 @@
 #include <functional>
 
 #include "cache/kv_memory.h"
+#include "core/parallel.h"
 #include "flowkv/error.h"
 #include "io/checkpoint.h"
 #include "models/common/block_loop.h"
@@ -259,10 +260,10 @@ void rms_norm(const Run& r, Mat m, const std::vector<float>& weight) {
   }
   ops::rms_norm_rope(r.ec, m, m.cols, nullptr, r.eps, {});
   ops::round_bf16(r.ec, m);
-  for (int64_t i = 0; i < m.rows; ++i) {
+  parallel_for(m.rows, [&](int64_t i) {
     float* row = m.row(i);
     for (int64_t j = 0; j < m.cols; ++j) row[j] *= weight[static_cast<size_t>(j)];
-  }
+  });
   ops::round_bf16(r.ec, m);
 }
 
@@ -276,14 +277,14 @@ void modulate(const Run& r, Mat x, Mat y, ops::ModRows scale, ops::ModRows shift
   }
   ops::layer_norm_modulate(r.ec, x, y, {}, {}, r.eps);
   ops::round_bf16(r.ec, y);
-  for (int64_t i = 0; i < y.rows; ++i) {
+  parallel_for(y.rows, [&](int64_t i) {
     float* row = y.row(i);
     const float *s = scale.at(i), *b = shift.at(i);
     for (int64_t j = 0; j < y.cols; ++j) {
       row[j] = round_bf16(row[j] * round_bf16(1.0f + s[j]));
       if (b) row[j] = round_bf16(row[j] + b[j]);
     }
-  }
+  });
 }
 
 // x += gate * y; under BF16 compute gate * y and the sum are each rounded to bf16.
@@ -292,11 +293,11 @@ void gated_add(const Run& r, Mat x, Mat y, ops::ModRows gate) {
     ops::gated_add(r.ec, x, y, gate);
     return;
   }
-  for (int64_t i = 0; i < x.rows; ++i) {
+  parallel_for(x.rows, [&](int64_t i) {
     float* xr = x.row(i);
     const float *yr = y.row(i), *g = gate.at(i);
     for (int64_t j = 0; j < x.cols; ++j) xr[j] = round_bf16(xr[j] + round_bf16(g[j] * yr[j]));
-  }
+  });
 }
 
 // out = SiLU(gate) * value over h = [gate | value]; under BF16 compute SiLU(gate) and the
@@ -307,13 +308,13 @@ void swiglu(const Run& r, Mat h, Mat out) {
     return;
   }
   const int64_t f = out.cols;
-  for (int64_t i = 0; i < h.rows; ++i) {
+  parallel_for(h.rows, [&](int64_t i) {
     const float *g = h.row(i), *v = h.row(i) + f;
     float* o = out.row(i);
     for (int64_t j = 0; j < f; ++j) {
       o[j] = round_bf16(v[j] * round_bf16(g[j] / (1.0f + std::exp(-g[j]))));
     }
-  }
+  });
 }
 
 // Per head: RMSNorm then RoPE. Under BF16 compute the normalised value, its product with the
@@ -326,7 +327,7 @@ void qk_norm_rope(const Run& r, Mat m, const std::vector<float>& weight, ops::Ro
   }
   ops::rms_norm_rope(r.ec, m, r.hd, nullptr, r.eps, {});
   ops::round_bf16(r.ec, m);
-  for (int64_t i = 0; i < m.rows; ++i) {
+  parallel_for(m.rows, [&](int64_t i) {
     float* row = m.row(i);
     const float* c = rope.cos + (i % rope.seq) * r.hd;
     const float* sn = rope.sin + (i % rope.seq) * r.hd;
@@ -339,7 +340,7 @@ void qk_norm_rope(const Run& r, Mat m, const std::vector<float>& weight, ops::Ro
         v[j + 1] = round_bf16(b * c[j + 1] + a * sn[j + 1]);
       }
     }
-  }
+  });
 }
 
 cache::Streams image_streams(int64_t batch, Mat x, int64_t seq) {
