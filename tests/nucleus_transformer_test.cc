@@ -219,6 +219,40 @@ TEST(NucleusTextKV, MemoryOfTheWrongShapeOrTypeIsRefused) {
   }
 }
 
+TEST(NucleusModel, BadSegmentsAreRefused) {
+  const Model m = golden_model(3, DType::kF32);
+  const Inputs in;
+  std::vector<float> out(static_cast<size_t>(in.B * in.N * m.config().out_features()));
+  Arena arena;
+  ExecContext ec{&arena};
+  auto expect_error = [&](nucleus::Args a, const std::string& needle) {
+    try {
+      m.forward(ec, a);
+      ADD_FAILURE() << "no error: " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  nucleus::Args a = in.args(out.data());
+  a.segments[1].grid = {4, 4};  // 16 tokens, 12 given
+  expect_error(a, "grid");
+  a = in.args(out.data());
+  a.segments.push_back(a.segments[0]);
+  expect_error(a, "two segments");
+  a = in.args(out.data());
+  a.segments.erase(a.segments.begin());
+  expect_error(a, "text and a target");
+  a = in.args(out.data());
+  a.segments[1].grid = {3, 100000}, a.segments[1].tokens = 300000;
+  expect_error(a, "grid");
+  a = in.args(out.data());
+  a.segments[1].kv = {.route = KVRoute::kSplice};
+  expect_error(a, "route compute");
+  a = in.args(out.data());
+  a.segments[1].kind = SegmentKind::kReference;
+  expect_error(a, "neither text nor target");
+}
+
 // A step cache that skips one block: the image stream passes it unchanged, yet a
 // compute-and-store call still stores that block's text K/V (the memory is complete).
 struct SkipBlock : cache::BlockHooks {

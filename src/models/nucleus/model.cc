@@ -189,10 +189,13 @@ Plan plan_of(const Args& a, const Config& c, DType kv_dtype) {
   FLOWKV_CHECK(p.text && p.target, "forward: NucleusMoE-Image needs a text and a target segment");
   const SegmentInput& t = *p.target;
   p.grid = t.grid, p.N = t.tokens, p.L = p.text->tokens;
-  FLOWKV_CHECK(
-      t.rows && t.tokens > 0 && t.grid.h > 0 && t.grid.w > 0 && t.grid.tokens() == t.tokens,
-      "forward: segment '", t.name, "' has ", t.tokens, " tokens for a ", t.grid.h, " x ", t.grid.w,
-      " grid");
+  // Image rows/columns index the reference's 4096-position RoPE tables from -(h - h/2).
+  FLOWKV_CHECK(t.grid.h > 0 && t.grid.w > 0 && t.grid.h <= 2 * kRopePositions &&
+                   t.grid.w <= 2 * kRopePositions,
+               "forward: segment '", t.name, "' has a ", t.grid.h, " x ", t.grid.w,
+               " grid; each side must be 1 to ", 2 * kRopePositions, " tokens");
+  FLOWKV_CHECK(t.rows && t.tokens > 0 && t.grid.tokens() == t.tokens, "forward: segment '", t.name,
+               "' has ", t.tokens, " tokens for a ", t.grid.h, " x ", t.grid.w, " grid");
   FLOWKV_CHECK(t.kv.route == KVRoute::kCompute,
                "forward: the target is computed every call (route compute)");
   FLOWKV_CHECK(!t.time.fixed && !p.text->time.fixed,
@@ -202,12 +205,10 @@ Plan plan_of(const Args& a, const Config& c, DType kv_dtype) {
                " tokens (1 to ", kRopePositions, ")");
   FLOWKV_CHECK(p.text->rows || kv.route == KVRoute::kSplice, "forward: segment '", p.text->name,
                "' has no rows");
-  // Text positions M + l and image rows/columns index the reference's 4096-position tables.
+  // Text positions M + l index the same tables.
   const int64_t M = std::max(p.grid.h / 2, p.grid.w / 2);
-  FLOWKV_CHECK(M + p.L <= kRopePositions && p.grid.h - p.grid.h / 2 <= kRopePositions &&
-                   p.grid.w - p.grid.w / 2 <= kRopePositions,
-               "forward: a ", p.grid.h, " x ", p.grid.w, " grid with ", p.L,
-               " text tokens needs RoPE positions past the reference's ", kRopePositions);
+  FLOWKV_CHECK(M + p.L <= kRopePositions, "forward: a ", p.grid.h, " x ", p.grid.w, " grid with ",
+               p.L, " text tokens needs RoPE positions past the reference's ", kRopePositions);
   FLOWKV_CHECK((kv.route == KVRoute::kComputeAndStore) == (kv.store != nullptr),
                "forward: a text store memory goes with the route compute-and-store, and only "
                "with it");
