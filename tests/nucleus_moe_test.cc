@@ -156,7 +156,25 @@ TEST(NucleusMoE, Bf16MatchesDiffusers) {
     const auto [ulps, differ] = bf16_ulps(out.data(), ref.f32(), ref.numel());
     std::printf("  %-13s bf16 output: %lld of %lld values differ, at most %.0f bf16 ulp\n",
                 k.name.c_str(), (long long)differ, (long long)ref.numel(), ulps);
+    // Bit-exact here (AVX512-BF16 oneDNN); another CPU's GEMM summation order may move a value
+    // across a bf16 rounding boundary now and then.
     EXPECT_LE(ulps, 1.0) << k.name;
+    EXPECT_LE(differ, ref.numel() / 100) << k.name;
+  }
+}
+
+TEST(NucleusMoE, ReferenceKernelsAgreeWithFast) {
+  const Golden& g = golden();
+  const ExecContext ref{.kernels = KernelPath::kReference};
+  for (const Case& k : g.cases) {
+    auto get = [&](const std::string& leaf) { return g.weights.at(leaf); };
+    const MoELayer layer = MoELayer::from_tensors(get, k.cfg, ExpertLayout::kInputMajor,
+                                                  DType::kF32, /*keep_plain=*/true);
+    std::vector<float> out(static_cast<size_t>(g.B * k.S * k.cfg.dim));
+    layer.forward(ref, g.B, k.S, k.t.at("temb").f32(), k.t.at("xn").f32(), k.t.at("xm").f32(),
+                  out.data());
+    const Tensor& want = k.t.at("f32.out");
+    EXPECT_LE(compare(out.data(), want.f32(), want.numel()).rel(), 1e-5) << k.name;
   }
 }
 

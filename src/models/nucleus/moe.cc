@@ -3,9 +3,11 @@
 // - torch.topk(k) on CPU fills a queue of (value, index) pairs and runs libstdc++'s
 //   std::partial_sort (when k * 64 <= n) or std::nth_element then std::sort of the first k - 1
 //   (otherwise) with the comparator "a > b, NaN first". Neither is stable: equal scores come out
-//   in the order those algorithms leave them, not by index. Running the same algorithms with the
-//   same comparator here reproduces torch's indices, ties included (checked on thousands of
-//   tie-heavy rows and in the golden dumps).
+//   in the order those algorithms leave them, not by index, and at the boundary they decide
+//   which tokens are chosen. Running the same algorithms with the same comparator here
+//   reproduces torch's indices, ties included (checked on thousands of tie-heavy rows and in the
+//   golden dumps). That needs libstdc++ (GCC's, and clang's default on Linux): libc++'s
+//   algorithms order ties differently, which the golden "ties" case would show.
 // - scatter_add (token_score_sums, and the routed rows onto the shared expert's output)
 //   accumulates in f32 in index order, starting from the destination's value, and rounds to the
 //   destination dtype once at the end: under bf16 not one rounding per add.
@@ -52,10 +54,18 @@ Tensor expert_view(const Tensor& w, int64_t e) {
                       std::make_shared<Tensor>(w));
 }
 
+// src [k, r] -> dst [r, k], in 32 x 32 tiles (a plain loop strides through memory on every
+// write: several times slower on real experts, 2048 x 2688).
 template <class T>
-void transpose_into(const T* src, T* dst, int64_t k, int64_t r) {  // src [k, r] -> dst [r, k]
-  for (int64_t i = 0; i < k; ++i) {
-    for (int64_t j = 0; j < r; ++j) dst[j * k + i] = src[i * r + j];
+void transpose_into(const T* src, T* dst, int64_t k, int64_t r) {
+  constexpr int64_t kTile = 32;
+  for (int64_t i0 = 0; i0 < k; i0 += kTile) {
+    for (int64_t j0 = 0; j0 < r; j0 += kTile) {
+      const int64_t i1 = std::min(k, i0 + kTile), j1 = std::min(r, j0 + kTile);
+      for (int64_t j = j0; j < j1; ++j) {
+        for (int64_t i = i0; i < i1; ++i) dst[j * k + i] = src[i * r + j];
+      }
+    }
   }
 }
 
