@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "cache/kv_memory.h"
+#include "cache/policy.h"
 #include "core/parallel.h"
 #include "flowkv/error.h"
 #include "golden_util.h"
@@ -287,6 +288,50 @@ TEST(NucleusTextKV, SkippedBlocksStillStoreTheirTextKV) {
     EXPECT_TRUE(test::bit_equal(a1.f32(), b1.f32(), a1.numel())) << i;
     EXPECT_TRUE(test::bit_equal(a2.f32(), b2.f32(), a2.numel())) << i;
   }
+}
+
+// FirstBlockCache through the block loop: threshold 0 never skips (bit-identical to no cache);
+// a huge threshold skips blocks 1.. from the second call on, and the prefill call of the text
+// memory still computes every block.
+TEST(NucleusStepCache, FirstBlockCacheRunsOnTheImageStream) {
+  const Model m = golden_model(5, DType::kF32);
+  const Inputs in;
+  const float times[3][2] = {{0.9f, 0.9f}, {0.88f, 0.88f}, {0.86f, 0.86f}};
+  auto run_steps = [&](const std::string& spec, std::string* decisions) {
+    cache::Composite p(cache::make_policies({spec}, m.topology()));
+    KVMemory mem(m.kv_layers(), in.B, in.L, m.kv_width(), m.kv_dtype());
+    std::vector<std::vector<float>> outs;
+    for (int k = 0; k < 3; ++k) {
+      cache::StepContext c;
+      c.step = k, c.num_steps = 3, c.timestep = 1000 * times[k][0], c.sigma = times[k][0];
+      c.prefill = k == 0;
+      p.set_step(c);
+      std::vector<float> out(static_cast<size_t>(in.B * in.N * m.config().out_features()));
+      const SegmentKV kv = loop_route(true, k > 0, &mem);
+      nucleus::Args a = in.args(out.data(), kv, times[k]);
+      a.hooks = &p;
+      Arena arena;
+      m.forward(ExecContext{&arena}, a);
+      outs.push_back(out);
+    }
+    *decisions = p.parts().at(0)->stats().decisions;
+    return outs;
+  };
+  std::string never_d, always_d;
+  std::vector<std::vector<float>> plain;
+  for (int k = 0; k < 3; ++k) plain.push_back(run(m, in, {}, times[k]));
+  const auto never = run_steps("fbcache:threshold=0", &never_d);
+  const auto always = run_steps("fbcache:threshold=1000", &always_d);
+  for (int k = 0; k < 3; ++k) {
+    const int64_t n = static_cast<int64_t>(plain[k].size());
+    EXPECT_TRUE(test::bit_equal(plain[k].data(), never[k].data(), n)) << k;
+  }
+  EXPECT_TRUE(
+      test::bit_equal(plain[0].data(), always[0].data(), static_cast<int64_t>(plain[0].size())));
+  EXPECT_FALSE(
+      test::bit_equal(plain[2].data(), always[2].data(), static_cast<int64_t>(plain[2].size())));
+  EXPECT_EQ(never_d, "CCC");
+  EXPECT_EQ(always_d, "Css");
 }
 
 // ---------------------------------------------------------------- GGUF
