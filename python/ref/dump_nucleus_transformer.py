@@ -225,7 +225,7 @@ def main():
         write_st(os.path.join(case, "dump.safetensors"), dump)
         meta = {
             "description": f"NucleusMoEImageTransformer2DModel forward, case {name}",
-            "config": clean_config(m.config),
+            "config": {k: v for k, v in clean_config(m.config).items() if k != "_name_or_path"},
             "compute_dtype": str(dtype).replace("torch.", ""),
             "weights": "transformer/ (dense3 uses its top-level tensors and blocks 0-2)",
             "weight_init": WEIGHT_INIT,

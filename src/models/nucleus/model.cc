@@ -8,6 +8,7 @@
 #include <functional>
 
 #include "cache/kv_memory.h"
+#include "core/parallel.h"
 #include "flowkv/error.h"
 #include "io/checkpoint.h"
 #include "models/common/block_loop.h"
@@ -129,6 +130,37 @@ std::shared_ptr<Model::Weights> build(const Getter& get,
   return w;
 }
 
+// The files against the weight table. check_against_table takes block-quantized types on 2-D
+// weights only; the experts' 3-D tensors (output-major in a GGUF file: rows of whole blocks)
+// are checked here for presence, shape and a known type, and by MoELayer for which types.
+std::vector<std::string> table_problems(const std::map<std::string, TensorInfo>& tensors,
+                                        const std::vector<ExpectedTensor>& table) {
+  std::map<std::string, TensorInfo> rest = tensors;
+  std::vector<ExpectedTensor> plain;
+  std::vector<std::string> problems;
+  for (const ExpectedTensor& e : table) {
+    if (e.shape.size() != 3) {
+      plain.push_back(e);
+      continue;
+    }
+    const auto it = rest.find(e.name);
+    if (it == rest.end()) {
+      problems.push_back("missing tensor " + e.name + " " + shape_str(e.shape));
+      continue;
+    }
+    if (it->second.shape != e.shape) {
+      problems.push_back(e.name + ": shape " + shape_str(it->second.shape) + ", expected " +
+                         shape_str(e.shape));
+    } else if (!it->second.dtype_known) {
+      problems.push_back(e.name + ": dtype " + it->second.dtype_name + " cannot be read");
+    }
+    rest.erase(it);
+  }
+  const auto more = check_against_table(rest, plain);
+  problems.insert(problems.end(), more.begin(), more.end());
+  return problems;
+}
+
 DType compute_of(bool all_bf16, const LoadOptions& o) {
   return o.auto_dtype ? (all_bf16 ? DType::kBF16 : DType::kF32) : o.compute;
 }
@@ -157,10 +189,13 @@ Plan plan_of(const Args& a, const Config& c, DType kv_dtype) {
   FLOWKV_CHECK(p.text && p.target, "forward: NucleusMoE-Image needs a text and a target segment");
   const SegmentInput& t = *p.target;
   p.grid = t.grid, p.N = t.tokens, p.L = p.text->tokens;
-  FLOWKV_CHECK(
-      t.rows && t.tokens > 0 && t.grid.h > 0 && t.grid.w > 0 && t.grid.tokens() == t.tokens,
-      "forward: segment '", t.name, "' has ", t.tokens, " tokens for a ", t.grid.h, " x ", t.grid.w,
-      " grid");
+  // Image rows/columns index the reference's 4096-position RoPE tables from -(h - h/2).
+  FLOWKV_CHECK(t.grid.h > 0 && t.grid.w > 0 && t.grid.h <= 2 * kRopePositions &&
+                   t.grid.w <= 2 * kRopePositions,
+               "forward: segment '", t.name, "' has a ", t.grid.h, " x ", t.grid.w,
+               " grid; each side must be 1 to ", 2 * kRopePositions, " tokens");
+  FLOWKV_CHECK(t.rows && t.tokens > 0 && t.grid.tokens() == t.tokens, "forward: segment '", t.name,
+               "' has ", t.tokens, " tokens for a ", t.grid.h, " x ", t.grid.w, " grid");
   FLOWKV_CHECK(t.kv.route == KVRoute::kCompute,
                "forward: the target is computed every call (route compute)");
   FLOWKV_CHECK(!t.time.fixed && !p.text->time.fixed,
@@ -170,12 +205,10 @@ Plan plan_of(const Args& a, const Config& c, DType kv_dtype) {
                " tokens (1 to ", kRopePositions, ")");
   FLOWKV_CHECK(p.text->rows || kv.route == KVRoute::kSplice, "forward: segment '", p.text->name,
                "' has no rows");
-  // Text positions M + l and image rows/columns index the reference's 4096-position tables.
+  // Text positions M + l index the same tables.
   const int64_t M = std::max(p.grid.h / 2, p.grid.w / 2);
-  FLOWKV_CHECK(M + p.L <= kRopePositions && p.grid.h - p.grid.h / 2 <= kRopePositions &&
-                   p.grid.w - p.grid.w / 2 <= kRopePositions,
-               "forward: a ", p.grid.h, " x ", p.grid.w, " grid with ", p.L,
-               " text tokens needs RoPE positions past the reference's ", kRopePositions);
+  FLOWKV_CHECK(M + p.L <= kRopePositions, "forward: a ", p.grid.h, " x ", p.grid.w, " grid with ",
+               p.L, " text tokens needs RoPE positions past the reference's ", kRopePositions);
   FLOWKV_CHECK((kv.route == KVRoute::kComputeAndStore) == (kv.store != nullptr),
                "forward: a text store memory goes with the route compute-and-store, and only "
                "with it");
@@ -228,28 +261,61 @@ void rms_norm(const Run& r, Mat m, const std::vector<float>& weight) {
   }
   ops::rms_norm_rope(r.ec, m, m.cols, nullptr, r.eps, {});
   ops::round_bf16(r.ec, m);
-  for (int64_t i = 0; i < m.rows; ++i) {
+  parallel_for(m.rows, [&](int64_t i) {
     float* row = m.row(i);
     for (int64_t j = 0; j < m.cols; ++j) row[j] *= weight[static_cast<size_t>(j)];
-  }
+  });
   ops::round_bf16(r.ec, m);
 }
 
-// y = LN(x) * (1 + scale) (scale absent: LN(x)); under BF16 compute LN(x), 1 + scale and the
-// product are each rounded to bf16, as diffusers' bf16 tensors are.
-void modulate(const Run& r, Mat x, Mat y, ops::ModRows scale) {
+// y = LN(x) * (1 + scale) [+ shift] (scale absent: LN(x)); under BF16 compute LN(x), 1 + scale,
+// the product and the sum are each rounded to bf16, as diffusers' bf16 tensors are.
+void modulate(const Run& r, Mat x, Mat y, ops::ModRows scale, ops::ModRows shift = {}) {
   if (!r.bf16 || !scale.data) {
-    ops::layer_norm_modulate(r.ec, x, y, scale, {}, r.eps);
+    ops::layer_norm_modulate(r.ec, x, y, scale, shift, r.eps);
     round_if(r, y);
     return;
   }
   ops::layer_norm_modulate(r.ec, x, y, {}, {}, r.eps);
   ops::round_bf16(r.ec, y);
-  for (int64_t i = 0; i < y.rows; ++i) {
+  parallel_for(y.rows, [&](int64_t i) {
     float* row = y.row(i);
-    const float* s = scale.at(i);
-    for (int64_t j = 0; j < y.cols; ++j) row[j] = round_bf16(row[j] * round_bf16(1.0f + s[j]));
+    const float *s = scale.at(i), *b = shift.at(i);
+    for (int64_t j = 0; j < y.cols; ++j) {
+      row[j] = round_bf16(row[j] * round_bf16(1.0f + s[j]));
+      if (b) row[j] = round_bf16(row[j] + b[j]);
+    }
+  });
+}
+
+// x += gate * y; under BF16 compute gate * y and the sum are each rounded to bf16.
+void gated_add(const Run& r, Mat x, Mat y, ops::ModRows gate) {
+  if (!r.bf16) {
+    ops::gated_add(r.ec, x, y, gate);
+    return;
   }
+  parallel_for(x.rows, [&](int64_t i) {
+    float* xr = x.row(i);
+    const float *yr = y.row(i), *g = gate.at(i);
+    for (int64_t j = 0; j < x.cols; ++j) xr[j] = round_bf16(xr[j] + round_bf16(g[j] * yr[j]));
+  });
+}
+
+// out = SiLU(gate) * value over h = [gate | value]; under BF16 compute SiLU(gate) and the
+// product are each rounded to bf16 (diffusers' SwiGLU on bf16 tensors).
+void swiglu(const Run& r, Mat h, Mat out) {
+  if (!r.bf16) {
+    ops::swiglu(r.ec, h, out);
+    return;
+  }
+  const int64_t f = out.cols;
+  parallel_for(h.rows, [&](int64_t i) {
+    const float *g = h.row(i), *v = h.row(i) + f;
+    float* o = out.row(i);
+    for (int64_t j = 0; j < f; ++j) {
+      o[j] = round_bf16(v[j] * round_bf16(g[j] / (1.0f + std::exp(-g[j]))));
+    }
+  });
 }
 
 // Per head: RMSNorm then RoPE. Under BF16 compute the normalised value, its product with the
@@ -262,7 +328,7 @@ void qk_norm_rope(const Run& r, Mat m, const std::vector<float>& weight, ops::Ro
   }
   ops::rms_norm_rope(r.ec, m, r.hd, nullptr, r.eps, {});
   ops::round_bf16(r.ec, m);
-  for (int64_t i = 0; i < m.rows; ++i) {
+  parallel_for(m.rows, [&](int64_t i) {
     float* row = m.row(i);
     const float* c = rope.cos + (i % rope.seq) * r.hd;
     const float* sn = rope.sin + (i % rope.seq) * r.hd;
@@ -275,7 +341,7 @@ void qk_norm_rope(const Run& r, Mat m, const std::vector<float>& weight, ops::Ro
         v[j + 1] = round_bf16(b * c[j + 1] + a * sn[j + 1]);
       }
     }
-  }
+  });
 }
 
 cache::Streams image_streams(int64_t batch, Mat x, int64_t seq) {
@@ -360,7 +426,7 @@ void mlp_output(const Run& r, const BlockWeights& w, Mat x, ops::ModRows scale2,
   w.mlp_gate.forward(r.ec, xm, h.cols_slice(0, f));
   w.mlp_val.forward(r.ec, xm, h.cols_slice(f, f));
   round_if(r, h);
-  ops::swiglu(r.ec, h, u);  // SiLU(gate) * value
+  swiglu(r, h, u);
   w.mlp_out.forward(r.ec, u, y);
 }
 
@@ -421,14 +487,12 @@ void block(const Run& r, int64_t i, Mat x, const SegmentKV& route, const uint8_t
   r.loop.sublayer(i, cache::Sublayer::kAttention, reuse_attn, ys,
                   [&] { w.out.forward(ec, attn, y); });
   round_if(r, y);
-  ops::gated_add(ec, x, y, part(1));
-  round_if(r, x);
+  gated_add(r, x, y, part(1));
   r.loop.sublayer(i, cache::Sublayer::kMlp, r.loop.reuse(i, cache::Sublayer::kMlp), ys,
                   [&] { mlp_output(r, w, x, part(2), y); });
   round_if(r, y);
   trace_parts(ec, n + "mlp", r.B, {{y, r.N}});
-  ops::gated_add(ec, x, y, part(3));
-  round_if(r, x);
+  gated_add(r, x, y, part(3));
   trace_parts(ec, n + "out", r.B, {{x, r.N}});
 }
 
@@ -445,7 +509,7 @@ Model Model::from_tensors(const std::map<std::string, Tensor>& tensors, const Co
     info.dtype = t.dtype(), info.shape = t.shape();
     all_bf16 &= t.dtype() == DType::kBF16;
   }
-  const auto problems = check_against_table(infos, weight_table(c));
+  const auto problems = table_problems(infos, weight_table(c));
   FLOWKV_CHECK(problems.empty(),
                format_problems("the tensors are not a NucleusMoE-Image transformer of its config",
                                problems));
@@ -468,7 +532,7 @@ Model Model::load(const std::string& path, const LoadOptions& opts) {
   // `flowkv quantize` writes the experts output-major (rows of whole blocks); diffusers'
   // safetensors hold them pre-transposed for x @ W.
   const ExpertLayout layout = gguf ? ExpertLayout::kOutputMajor : ExpertLayout::kInputMajor;
-  const auto problems = check_against_table(scan.tensors, weight_table(c, gguf));
+  const auto problems = table_problems(scan.tensors, weight_table(c, gguf));
   FLOWKV_CHECK(problems.empty(),
                format_problems(scan.path + " does not hold a NucleusMoE-Image transformer of its "
                                            "config",
@@ -576,7 +640,8 @@ void Model::forward(const ExecContext& ec, const Args& a) const {
   r.loop.begin(streams, [&] {  // block 0's modulated input
     Mat mod = alloc_mat(r.ws, B, 4 * D), probe = alloc_mat(r.ws, B * N, D);
     if (c.num_layers > 0) w.blocks[0].mod.forward(ec, r.act, mod);
-    ops::layer_norm_modulate(ec, x, probe, {mod.data, 4 * D, N}, {}, r.eps);
+    round_if(r, mod);
+    modulate(r, x, probe, {mod.data, 4 * D, N});
     return probe;
   });
   r.loop.run(0, c.num_layers, streams,
@@ -586,7 +651,8 @@ void Model::forward(const ExecContext& ec, const Args& a) const {
   // 4. norm_out ([scale, shift] from SiLU(temb), with bias) and proj_out (no bias).
   Mat emb = alloc_mat(r.ws, B, 2 * D), normed = alloc_mat(r.ws, B * N, D);
   w.norm_out.forward(ec, r.act, emb);
-  ops::layer_norm_modulate(ec, x, normed, {emb.data, 2 * D, N}, {emb.data + D, 2 * D, N}, r.eps);
+  round_if(r, emb);
+  modulate(r, x, normed, {emb.data, 2 * D, N}, {emb.data + D, 2 * D, N});
   const Mat out = make_mat(a.out, B * N, c.out_features());
   w.proj_out.forward(ec, normed, out);
   trace_parts(ec, "norm_out", B, {{normed, N}});

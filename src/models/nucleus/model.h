@@ -36,7 +36,8 @@ struct LoadOptions {
 //  - exactly one kText: rows [B, L, joint_attention_dim], the prompt embeddings before
 //    txt_norm; valid [B, L] or nullptr (every row valid); kv: route kCompute,
 //    kComputeAndStore (into `store`: kv_layers() x B x L x kv_width() in kv_dtype()) or kSplice
-//    (every block's text K/V read from `memory`; rows are not read). L may be 0.
+//    (every block's text K/V read from `memory`; rows are not read). 1 <= L, and
+//    max(h/2, w/2) + L <= 4096 (the reference's RoPE tables).
 //  - exactly one kTarget: rows [B, h*w, in_channels] (packed latents), grid {h, w} in tokens,
 //    route kCompute.
 struct Args {
