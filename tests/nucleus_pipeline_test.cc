@@ -10,6 +10,7 @@
 #include <filesystem>
 
 #include "core/arena.h"
+#include "core/random.h"
 #include "flowkv/error.h"
 #include "flowkv/generate.h"
 #include "flowkv/pipeline.h"
@@ -18,6 +19,8 @@
 #include "io/image.h"
 #include "io/json.h"
 #include "models/qwen3_vl/nucleus_prompt.h"
+#include "models/qwen_image_vae/image_processor.h"
+#include "models/qwen_image_vae/model.h"
 #include "temp_files.h"
 #include "test_util.h"
 
@@ -192,11 +195,107 @@ TEST(NucleusPipeline, ZeroExportPlansARealSizeRequest) {
   const KVPrediction p = predict({.model = d + "/transformer",
                                   .text_tokens = l.text_tokens,
                                   .target_tokens = l.target_tokens,
+                                  .ref_tokens = {},
                                   .steps = 50,
                                   .cfg = true});
   // Text K/V of 32 blocks, 4 KV heads x 128, bf16, for both branches.
   EXPECT_EQ(p.kv_bytes, 2 * 32 * 512 * 2 * l.text_tokens * 2);
   EXPECT_GT(p.speedup, 1.0);
+}
+
+}  // namespace
+}  // namespace flowkv
+
+namespace flowkv {
+namespace {
+
+// The first step's model outputs alone: the transformer on diffusers' prompt embeddings, masks
+// and initial latents at t = 1 gives its conditional and unconditional predictions.
+TEST(NucleusPipeline, FirstStepVelocitiesMatch) {
+  const auto st = stages("cfg");
+  const Model m = Model::load(pipe() + "/transformer");
+  for (const char* branch : {"prompt", "negative"}) {
+    DenoiseInputs in;
+    in.prompt.embeds = st.at(std::string(branch) + "_embeds").to_f32();
+    in.prompt.mask = st.at(std::string(branch) + "_mask").to_f32();
+    in.noise = st.at("initial_latents").to_f32();
+    in.height = 64 / 16;
+    in.width = 96 / 16;
+    const Tensor v = forward(m, in, {.sigma = st.at("step0_timestep").to_f32().f32()[0]});
+    expect_close(v, st.at(std::string("step0_") + (branch[0] == 'p' ? "cond" : "uncond")), 1e-5,
+                 std::string("step 0 ") + branch);
+  }
+}
+
+}  // namespace
+}  // namespace flowkv
+
+namespace flowkv {
+namespace {
+
+// The denoising loop alone from diffusers' initial latents and prompt embeddings: the schedule,
+// guidance with its norm rescale, the negated prediction and the Euler steps give diffusers'
+// final latents.
+TEST(NucleusPipeline, DenoiseLoopMatchesFinalLatents) {
+  const Model m = Model::load(pipe() + "/transformer");
+  for (const std::string c : {"nocfg", "cfg"}) {
+    const auto st = stages(c);
+    const auto cfg_st = stages("cfg");
+    DenoiseInputs in;
+    in.prompt.embeds = cfg_st.at("prompt_embeds").to_f32();
+    in.prompt.mask = cfg_st.at("prompt_mask").to_f32();
+    if (c == "cfg") {
+      in.negative.embeds = cfg_st.at("negative_embeds").to_f32();
+      in.negative.mask = cfg_st.at("negative_mask").to_f32();
+      in.cfg_scale = 4.0f;
+    }
+    in.noise = st.at("initial_latents").to_f32();
+    in.height = 64 / 16;
+    in.width = 96 / 16;
+    DenoiseOptions o;
+    o.steps = 4;
+    const DenoiseResult r = denoise(m, in, o);
+    expect_close(r.latents, st.at("final_latents").to_f32(), 1e-5, c + " final latents");
+  }
+}
+
+}  // namespace
+}  // namespace flowkv
+
+namespace flowkv {
+namespace {
+
+// Stage "decode" alone: diffusers' final latents through the Qwen-Image VAE give its picture.
+TEST(NucleusPipeline, DecodeMatchesThePicture) {
+  const auto st = stages("nocfg");
+  const qwen_vae::Vae vae = qwen_vae::Vae::load(pipe() + "/vae");
+  const Tensor z = qwen_vae::unpack(st.at("final_latents").to_f32(), 2 * 4, 2 * 6);
+  const Image got = qwen_vae::postprocess(vae.decode(ExecContext{}, z, {})).at(0);
+  const Tensor want = st.at("image").to_f32();  // [H, W, 3] in [0, 1]
+  ASSERT_EQ(static_cast<int64_t>(got.pixels.size()), want.numel());
+  int worst = 0;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    const int w = static_cast<int>(std::lround(want.f32()[i] * 255.0f));
+    worst = std::max(worst, std::abs(w - static_cast<int>(got.pixels[static_cast<size_t>(i)])));
+  }
+  EXPECT_LE(worst, 1);
+}
+
+}  // namespace
+}  // namespace flowkv
+
+namespace flowkv {
+namespace {
+
+// The initial latents: torch.randn of [1, 1, 16, 2h, 2w] from the seed, packed 2x2.
+TEST(NucleusPipeline, NoiseIsTorchsPacked) {
+  const auto st = stages("nocfg");
+  TorchGenerator g(meta()["seed"].get<uint64_t>());
+  const Tensor z = randn_tensor(g, {1, 16, 8, 12});
+  const Tensor want = st.at("initial_latents").to_f32();
+  const Tensor got = qwen_vae::pack(z);
+  ASSERT_EQ(got.numel(), want.numel());
+  EXPECT_EQ(0, std::memcmp(got.f32(), want.f32(), static_cast<size_t>(want.numel()) * 4));
 }
 
 }  // namespace

@@ -162,8 +162,11 @@ std::vector<uint8_t> slots_of(const Tensor& t) {
 PromptEmbeds encode_branch(const GenerateSpec& spec, RequestStore& rs, const PromptJob& job,
                            std::string* note) {
   *note = job.note;
+  // The entry: the embeddings, then the image-slot mask when there is one, then the padding
+  // mask when there is one (NucleusMoE-Image pads its prompts to a multiple of 8).
   auto compute = [&]() -> std::vector<Tensor> {
     const PromptEmbeds e = job.encode(note);
+    if (e.mask.defined()) return {e.embeds, slots_tensor(e.slots), e.mask};
     if (e.slots.empty()) return {e.embeds};
     return {e.embeds, slots_tensor(e.slots)};
   };
@@ -177,15 +180,20 @@ PromptEmbeds encode_branch(const GenerateSpec& spec, RequestStore& rs, const Pro
   } else {
     t = compute();
   }
-  FLOWKV_CHECK(t.size() == 1 || t.size() == 2,
-               "reference store: a prompt entry holds 1 or 2 "
-               "tensors");
+  FLOWKV_CHECK(t.size() >= 1 && t.size() <= 3,
+               "reference store: a prompt entry holds 1 to 3 tensors");
   if (hit) {
     if (note->empty()) *note = std::to_string(t[0].dim(1)) + " rows";
     *note += ", from the reference store";
   }
-  return PromptEmbeds{
-      .embeds = t[0], .slots = t.size() == 2 ? slots_of(t[1]) : std::vector<uint8_t>{}, .mask = {}};
+  if (t.size() == 3) {
+    FLOWKV_CHECK(t[2].dtype() == DType::kF32 && t[2].ndim() == 2 && t[2].dim(0) == t[0].dim(0) &&
+                     t[2].dim(1) == t[0].dim(1),
+                 "reference store: bad prompt mask");
+  }
+  return PromptEmbeds{.embeds = t[0],
+                      .slots = t.size() >= 2 ? slots_of(t[1]) : std::vector<uint8_t>{},
+                      .mask = t.size() == 3 ? t[2] : Tensor{}};
 }
 
 std::string parameters_text(const GenerateSpec& spec, const Plan& p, const std::string& path,
