@@ -11,7 +11,8 @@ targets=(fuzz_safetensors_header fuzz_shard_index fuzz_flux2_config fuzz_qwen_co
          fuzz_inspect_folder fuzz_gguf fuzz_pipeline_index fuzz_png
          fuzz_jpeg fuzz_tokenizer fuzz_tokenizer_json fuzz_qwen3_config
          fuzz_flux2_vae_config fuzz_qwen3_vl fuzz_qwen3_vl_config fuzz_qwen21_vae_config
-         fuzz_store_entry fuzz_showcase fuzz_scheduler_config fuzz_qwen2_tokenizer_files)
+         fuzz_store_entry fuzz_showcase fuzz_scheduler_config fuzz_qwen2_tokenizer_files
+         fuzz_nucleus_config)
 for t in "${targets[@]}"; do rm -rf "${out:?}/$t"; mkdir -p "$out/$t"; done
 
 # Bytes of an unsigned integer, little-endian, on stdout.
@@ -50,6 +51,7 @@ while IFS= read -r f; do
   cp "$f" "$out/fuzz_flux2_vae_config/$(seed_name "$f")"
   cp "$f" "$out/fuzz_qwen3_vl_config/$(seed_name "$f")"
   cp "$f" "$out/fuzz_qwen21_vae_config/$(seed_name "$f")"
+  cp "$f" "$out/fuzz_nucleus_config/$(seed_name "$f")"
 done < <(find "$golden" -name config.json | sort)
 
 # scheduler_config.json of the golden pipeline folders
