@@ -65,7 +65,7 @@ void unknown(const CheckpointScan& scan, InspectReport& r) {
 
 // The memory figures of the report: weights as Linear would hold them at the automatic compute
 // type, and the cost model's KV and activations for a 1024x1024 image with one 1024x1024
-// reference and 512 text tokens.
+// reference (where the family takes pictures) and 512 text tokens.
 void predict_memory(const CheckpointScan& scan, InspectReport& r) {
   bool all_bf16 = !scan.tensors.empty();
   for (const auto& [name, t] : scan.tensors) all_bf16 &= t.dtype_known && t.dtype == DType::kBF16;
@@ -79,9 +79,11 @@ void predict_memory(const CheckpointScan& scan, InspectReport& r) {
     q.model = r.path;
     q.text_tokens = 512;
     q.target_tokens = 4096;
-    q.ref_tokens = {4096};
+    const bool images = detect_family(r.path).takes_images;
+    q.ref_tokens = images ? std::vector<int64_t>{4096} : std::vector<int64_t>{};
     const KVPrediction p = predict(q);
-    r.memory_request = "1024x1024 image, one 1024x1024 reference, 512 text tokens";
+    r.memory_request = images ? "1024x1024 image, one 1024x1024 reference, 512 text tokens"
+                              : "1024x1024 image, 512 text tokens";
     r.request_kv_bytes = p.kv_bytes;
     r.request_activation_bytes = p.activation_bytes;
   } catch (const Error& e) {

@@ -83,8 +83,9 @@ bool native_bf16_gemm();
 
 // Whether a Linear keeps weights of this stored type as stored (else packs them as f32).
 bool keeps_as_stored(DType stored, DType compute);
-// Bytes a loaded weight of this stored type and shape occupies: a matrix as a Linear holds it,
-// anything else (norm scales, biases) as an f32 copy.
+// Bytes a loaded weight of this stored type and shape occupies: a matrix (or a 3-D stack of
+// them, one Linear each: NucleusMoE-Image's experts) as a Linear holds it, anything else (norm
+// scales, biases) as an f32 copy.
 int64_t held_weight_bytes(DType stored, const Shape& shape, DType compute);
 
 // Whether Linears built from now on keep narrow weights as stored (default on). Off packs every

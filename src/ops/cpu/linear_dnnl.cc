@@ -275,7 +275,8 @@ bool keeps_as_stored(DType stored, DType compute) {
 
 int64_t held_weight_bytes(DType stored, const Shape& shape, DType compute) {
   const int64_t n = shape_numel(shape);
-  if (shape.size() != 2) return 4 * n;
+  // A matrix, or a stack of them (NucleusMoE-Image's experts [E, out, in]: one Linear each).
+  if (shape.size() != 2 && shape.size() != 3) return 4 * n;
   if (keeps_as_stored(stored, compute)) return dtype_bytes(stored, n);
   // On a CPU with bf16 instructions, BF16 compute packs the weights as bf16 for oneDNN (its
   // blocks pad a dimension that is no multiple of them; real models' are).
