@@ -88,8 +88,12 @@ std::string format_prediction(const KVPrediction& p) {
   o.width(14);
   o << tflop(p.cached_step_flops) << "\n\n";
   o.precision(3);
-  o << "over " << p.steps << " step" << (p.steps == 1 ? "" : "s")
-    << " (step 0 computes and stores the references): predicted speedup " << p.speedup
+  std::string cached;  // the cached segments' names
+  for (const SegmentFlops& s : p.segments) {
+    if (s.cached) cached += (cached.empty() ? "" : ", ") + s.name;
+  }
+  o << "over " << p.steps << " step" << (p.steps == 1 ? "" : "s") << " (step 0 computes and stores "
+    << (cached.empty() ? std::string("nothing") : cached) << "): predicted speedup " << p.speedup
     << "x, saving ";
   o.precision(1);
   o << 100 * p.saving() << "%\n";

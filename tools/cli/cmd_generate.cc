@@ -269,9 +269,10 @@ void add_generate(CLI::App& app) {
                   "loads its component and releases it), auto (resident where the weights fit "
                   "3/4 of memory); default staged for one prompt, auto for several");
   cmd->add_option("--max-sequence-length", o->max_sequence_length,
-                  "FLUX.2 Klein: the prompt's padded length in tokens (diffusers' "
-                  "max_sequence_length; default 512, or the tokenizer's model_max_length where "
-                  "smaller)")
+                  "the prompt's length in tokens (diffusers' max_sequence_length): FLUX.2 "
+                  "Klein pads or cuts to it (default 512, or the tokenizer's model_max_length "
+                  "where smaller); Qwen-Image cuts to it (512); NucleusMoE-Image cuts to it "
+                  "(1024, a multiple of 8)")
       ->check(CLI::Range(int64_t{1}, int64_t{limits::kMaxTokens}));
   cmd->add_option("--seed", o->seed, "seed of the initial noise (torch's CPU generator)")
       ->capture_default_str();

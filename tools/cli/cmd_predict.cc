@@ -77,8 +77,11 @@ void add_predict(CLI::App& app) {
       ->capture_default_str();
   CLI::Option* size_opt =
       cmd->add_option("--size", o->size, "output image WxH in pixels")->capture_default_str();
-  cmd->add_option("--ref", o->refs, "reference image WxH in pixels (repeat for several)")
-      ->capture_default_str();
+  CLI::Option* ref_opt =
+      cmd->add_option("--ref", o->refs,
+                      "reference image WxH in pixels (repeat for several; a family that takes "
+                      "none, NucleusMoE-Image, drops the default)")
+          ->capture_default_str();
   cmd->add_flag("--no-refs", o->no_refs, "no reference images");
   cmd->add_option("--text-tokens", o->text, "text tokens (Klein pads prompts to 512)")
       ->check(CLI::Range(int64_t{1}, limits::kMaxTokens))
@@ -103,14 +106,16 @@ void add_predict(CLI::App& app) {
   cmd->add_option("--cache", o->caches,
                   "a step cache (name[:k=v,...], repeatable): what its knobs alone say it skips "
                   "over --steps (a schedule, or a bound for one that decides from the data)");
-  cmd->callback([o, size_opt] {
+  cmd->callback([o, size_opt, ref_opt] {
     std::exit(guarded([&] {
       PredictRequest r;
       r.model = o->model;
       const auto [w, h] = parse_size(o->size, "--size");
       r.target_tokens = latent_tokens_for_pixels(w, h);
       r.ref_tokens.clear();
-      if (!o->no_refs) {
+      // The default reference is Klein's; a family without pictures takes only the ones asked.
+      const bool default_refs = ref_opt->count() == 0;
+      if (!o->no_refs && !(default_refs && !detect_family(o->model).takes_images)) {
         for (const std::string& s : o->refs) {
           const auto [rw, rh] = parse_size(s, "--ref");
           r.ref_tokens.push_back(latent_tokens_for_pixels(rw, rh));
