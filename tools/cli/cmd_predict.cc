@@ -115,7 +115,8 @@ void add_predict(CLI::App& app) {
       r.ref_tokens.clear();
       // The default reference is Klein's; a family without pictures takes only the ones asked.
       const bool default_refs = ref_opt->count() == 0;
-      if (!o->no_refs && !(default_refs && !detect_family(o->model).takes_images)) {
+      if (!o->no_refs && !o->has_prompt &&
+          !(default_refs && !detect_family(o->model).takes_images)) {
         for (const std::string& s : o->refs) {
           const auto [rw, rh] = parse_size(s, "--ref");
           r.ref_tokens.push_back(latent_tokens_for_pixels(rw, rh));
@@ -153,11 +154,11 @@ void add_predict(CLI::App& app) {
       }
       FLOWKV_CHECK(o->kv_dtype == "bf16" || o->kv_dtype == "f32", "--kv-dtype is bf16 or f32");
       r.kv_bytes_per_element = o->kv_dtype == "bf16" ? 2 : 4;
-      const FamilyInfo& family = detect_family(o->model);
+      const FamilyInfo& family = detect_family(r.model);  // the transformer, with -p
       const KVPrediction p = predict(r);
       // Empty where the shape alone does not tell the rules (a FLUX.2 config).
       const std::string rules =
-          cacheability_report(o->model, r.text_tokens, r.ref_tokens, r.target_tokens);
+          cacheability_report(r.model, r.text_tokens, r.ref_tokens, r.target_tokens);
       if (family.exact_cache.empty()) {  // nothing to predict: say why
         std::cout << "model:      " << p.model << "\n"
                   << rules << "No exact conditioning cache exists for this model.\n";
