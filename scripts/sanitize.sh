@@ -14,7 +14,8 @@ source scripts/san_build.sh
 t0=$SECONDS
 exclude='^format$'
 # The library and the test programs of what meets hostile input or indexes memory: parsers,
-# kernels, threads and the hostile-file suites. The golden-parity programs (the transformers',
+# kernels, threads, the hostile-file suites and the MoE routing (gathers and scatters by index,
+# nucleus_moe_test). The golden-parity programs (the transformers',
 # the text encoders', the VAEs', the exact caches' and the pipelines': flux2_golden,
 # flux2_model, qwen_golden, qwen21, qwen3, qwen3_vl_*, qwen25_vl_*, flux2_vae, qwen21_vae,
 # qwen_image_vae, klein_kv, step_cache, family, family_denoise, int8, random, generate,
@@ -24,7 +25,7 @@ exclude='^format$'
 # exercised here through ops_test and thread_test. Their gtest entries show as *_NOT_BUILT here.
 asan_tests=(ops_test io_test gguf_test thread_test atomic_write_test hostile_test image_test
             tokenizer_test ref_store_test store_disk_test server_request_test
-            server_connection_test pipeline_api_test)
+            server_connection_test pipeline_api_test nucleus_moe_test)
 build_target=("${asan_tests[@]}")
 exclude+='|_NOT_BUILT$'
 

@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "flowkv/model.h"
 #include "pipeline/denoise.h"
@@ -33,6 +34,26 @@ enum class Flux2References { kKleinKV, kJoint };
 // `where`.
 Flux2References flux2_pipeline_rule(const std::string& pipeline_class, const std::string& where);
 int flux2_pipeline_default_steps(const std::string& pipeline_class);
+
+// A prompt as the Qwen-Image and NucleusMoE-Image adapters take it: rows [B, L, width] and the
+// validity of each row ([B, L] bytes; empty when every row is valid: the pipelines pass no mask
+// then). Shapes checked against the batch and the text width, with an Error naming the problem.
+struct PromptRows {
+  const float* text = nullptr;
+  int64_t len = 0;
+  std::vector<uint8_t> valid;
+};
+PromptRows prompt_rows(const PromptEmbeds& p, int64_t batch, int64_t width);
+
+// Prompts stacked along the batch for one forward (CFG's branches batched): their rows, and
+// their validity when any has a mask (rows of a prompt without one are valid). The prompts
+// must have one length.
+struct StackedPrompts {
+  std::vector<float> text;
+  std::vector<uint8_t> valid;  // empty: every row valid
+};
+StackedPrompts stack_prompts(const std::vector<const PromptRows*>& prompts, int64_t batch,
+                             int64_t width);
 
 std::unique_ptr<pipeline::DenoiseAdapter> flux2_adapter(
     const flux2::Model& m, const DenoiseInputs& in, const DenoiseOptions& opts,

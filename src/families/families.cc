@@ -2,9 +2,12 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "families/adapters.h"
 #include "families/family.h"
+#include "families/forward_run.h"
 #include "flowkv/error.h"
 #include "io/mapped_file.h"
+#include "pipeline/denoise.h"
 #include "pipeline/request_limits.h"
 
 namespace flowkv::families {
@@ -266,6 +269,65 @@ TokenLayout joint_layout(int64_t text, const std::vector<int64_t>& images, int64
   }
   l.segments.push_back({"target", SegmentKind::kTarget, target, false, false, 0, all});
   return l;
+}
+
+PromptRows prompt_rows(const PromptEmbeds& p, int64_t batch, int64_t width) {
+  FLOWKV_CHECK(p.embeds.defined() && p.embeds.ndim() == 3 && p.embeds.dtype() == DType::kF32 &&
+                   p.embeds.dim(0) == batch && p.embeds.dim(2) == width,
+               "prompt embeddings must be F32 [", batch, ", L, ", width, "], got ",
+               p.embeds.defined() ? shape_str(p.embeds.shape()) : std::string("none"));
+  const int64_t L = p.embeds.dim(1);
+  FLOWKV_CHECK(L > 0, "the prompt embeddings have no rows");
+  PromptRows out{p.embeds.f32(), L, {}};
+  if (p.mask.defined()) {
+    FLOWKV_CHECK(p.mask.numel() == batch * L, "prompt mask has ", p.mask.numel(), " values for ",
+                 batch, " x ", L, " rows");
+    const Tensor f = p.mask.to_f32();
+    bool all = true;
+    for (int64_t i = 0; i < f.numel(); ++i) {
+      out.valid.push_back(f.f32()[i] != 0);
+      all = all && out.valid.back();
+    }
+    if (all) out.valid.clear();  // the pipelines pass no mask when every row is valid
+  }
+  return out;
+}
+
+StackedPrompts stack_prompts(const std::vector<const PromptRows*>& prompts, int64_t batch,
+                             int64_t width) {
+  StackedPrompts s;
+  bool any_mask = false;
+  for (const PromptRows* p : prompts) {
+    FLOWKV_CHECK(p->len == prompts.front()->len, "stacked prompts must have one length");
+    any_mask |= !p->valid.empty();
+  }
+  for (const PromptRows* p : prompts) {
+    s.text.insert(s.text.end(), p->text, p->text + batch * p->len * width);
+    if (!any_mask) continue;
+    if (!p->valid.empty())
+      s.valid.insert(s.valid.end(), p->valid.begin(), p->valid.end());
+    else
+      s.valid.insert(s.valid.end(), static_cast<size_t>(batch * p->len), 1);
+  }
+  return s;
+}
+
+Tensor adapter_forward(pipeline::DenoiseAdapter& a, const DenoiseInputs& in,
+                       const ForwardOptions& opts, ForwardProfile* profile, Workspace* ws,
+                       float sign) {
+  a.validate();
+  a.prepare(true);
+  ForwardRun run(ws, opts.check_finite, profile);
+  run.input("noise", in.noise);
+  run.input("prompt", in.prompt.embeds);
+  const pipeline::StepCall call{
+      .step = 0, .steps = 1, .timestep = opts.sigma, .latents = in.noise.f32()};
+  a.forward(run.context(), 0, call);
+  const int64_t n = a.batch() * a.tokens() * a.channels();
+  Tensor out = Tensor::empty({a.batch(), a.tokens(), a.channels()});
+  for (int64_t i = 0; i < n; ++i) out.f32()[i] = sign * a.velocity(0)[i];
+  run.finish(out);
+  return out;
 }
 
 }  // namespace flowkv::families

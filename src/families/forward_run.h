@@ -9,9 +9,14 @@
 
 #include "core/arena.h"
 #include "core/exec_context.h"
+#include "flowkv/model.h"
 #include "flowkv/profile.h"
 #include "flowkv/tensor.h"
 #include "flowkv/workspace.h"
+
+namespace flowkv::pipeline {
+class DenoiseAdapter;
+}
 
 namespace flowkv::families {
 
@@ -48,5 +53,13 @@ class ForwardRun {
   Profile prof_;
   std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
 };
+
+// One forward through a family's denoising adapter (pipeline/denoise.h): the request checked,
+// one branch prepared (no exact cache kept), the call at opts.sigma, and the branch's velocity
+// [B, N, C] times `sign` (-1 gives NucleusMoE-Image's own prediction back: its adapter hands
+// the loop the negated one). Qwen-Image's and NucleusMoE-Image's FamilyModel::forward.
+Tensor adapter_forward(pipeline::DenoiseAdapter& a, const DenoiseInputs& in,
+                       const ForwardOptions& opts, ForwardProfile* profile, Workspace* ws,
+                       float sign = 1.0f);
 
 }  // namespace flowkv::families

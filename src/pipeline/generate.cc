@@ -1,6 +1,7 @@
 #include "pipeline/generate.h"
 
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <optional>
 
@@ -15,6 +16,12 @@ namespace flowkv::pipeline {
 
 std::string size_str(int64_t w, int64_t h) {
   return std::to_string(w) + "x" + std::to_string(h);
+}
+
+std::string cfg_parameters(const Plan& p) {
+  char scale[32];
+  std::snprintf(scale, sizeof scale, "%g", static_cast<double>(p.request.cfg_scale));
+  return std::string(", CFG scale: ") + (p.cfg ? scale : "off");
 }
 
 // --- components

@@ -167,5 +167,7 @@ GenerateResult run_generate(const GenerateSpec& spec, ComponentStore& components
                             const GenerateControl& control);
 
 std::string size_str(int64_t w, int64_t h);
+// ", CFG scale: S" (or "off"), for the parameters text of a family with true CFG.
+std::string cfg_parameters(const Plan& p);
 
 }  // namespace flowkv::pipeline

@@ -23,11 +23,7 @@ namespace flowkv::families {
 
 namespace {
 
-struct Prompt {
-  const float* text = nullptr;  // [B, L, joint_attention_dim]
-  int64_t len = 0;
-  std::vector<uint8_t> valid;  // [B, L] or empty: all valid
-};
+using Prompt = PromptRows;
 
 struct Branch {
   int64_t batch = 0;  // B per prompt times the prompts in this forward
@@ -111,28 +107,8 @@ class NucleusAdapter final : public pipeline::DenoiseAdapter {
 };
 
 Prompt NucleusAdapter::prompt(const PromptEmbeds& p) const {
-  const auto& c = m_.config();
-  const int64_t B = batch();
-  FLOWKV_CHECK(p.embeds.defined() && p.embeds.ndim() == 3 && p.embeds.dtype() == DType::kF32 &&
-                   p.embeds.dim(0) == B && p.embeds.dim(2) == c.joint_attention_dim,
-               "prompt embeddings must be F32 [", B, ", L, ", c.joint_attention_dim, "], got ",
-               p.embeds.defined() ? shape_str(p.embeds.shape()) : std::string("none"));
   FLOWKV_CHECK(p.slots.empty(), "NucleusMoE-Image's prompt has no image slots");
-  const int64_t L = p.embeds.dim(1);
-  FLOWKV_CHECK(L > 0, "the prompt embeddings have no rows");
-  Prompt out{p.embeds.f32(), L, {}};
-  if (p.mask.defined()) {
-    FLOWKV_CHECK(p.mask.numel() == B * L, "prompt mask has ", p.mask.numel(), " values for ", B,
-                 " x ", L, " rows");
-    const Tensor f = p.mask.to_f32();
-    bool all = true;
-    for (int64_t i = 0; i < f.numel(); ++i) {
-      out.valid.push_back(f.f32()[i] != 0);
-      all = all && out.valid.back();
-    }
-    if (all) out.valid.clear();  // the pipeline passes no mask when every row is valid
-  }
-  return out;
+  return prompt_rows(p, batch(), m_.config().joint_attention_dim);
 }
 
 void NucleusAdapter::check_inputs() {
@@ -172,16 +148,9 @@ void NucleusAdapter::fill(Branch& br, std::initializer_list<const Prompt*> promp
   br.prompts.assign(prompts.begin(), prompts.end());
   br.batch = B * static_cast<int64_t>(prompts.size());
   const Prompt& first = **prompts.begin();
-  bool any_mask = false;
-  for (const Prompt* p : prompts) any_mask |= !p->valid.empty();
-  for (const Prompt* p : prompts) {
-    br.text.insert(br.text.end(), p->text, p->text + B * p->len * c.joint_attention_dim);
-    if (!any_mask) continue;
-    if (!p->valid.empty())
-      br.valid.insert(br.valid.end(), p->valid.begin(), p->valid.end());
-    else
-      br.valid.insert(br.valid.end(), static_cast<size_t>(B * p->len), 1);
-  }
+  StackedPrompts stacked = stack_prompts(br.prompts, B, c.joint_attention_dim);
+  br.text = std::move(stacked.text);
+  br.valid = std::move(stacked.valid);
   br.img.resize(static_cast<size_t>(br.batch * N * c.in_channels));
   br.out.resize(static_cast<size_t>(br.batch * N * c.in_channels));
   br.timestep.resize(static_cast<size_t>(br.batch));

@@ -170,21 +170,8 @@ class NucleusModel final : public FamilyModel {
     DenoiseOptions o;
     o.steps = 1;
     o.mode = KVMode::kRecompute;
-    auto a = nucleus_adapter(m_, in, o);
-    a->validate();
-    a->prepare(true);
-    ForwardRun run(ws, opts.check_finite, profile);
-    run.input("noise", in.noise);
-    run.input("prompt", in.prompt.embeds);
-    const pipeline::StepCall call{
-        .step = 0, .steps = 1, .timestep = opts.sigma, .latents = in.noise.f32()};
-    a->forward(run.context(), 0, call);
-    const int64_t B = a->batch(), n = B * a->tokens() * a->channels();
-    Tensor out = Tensor::empty({B, a->tokens(), a->channels()});
     // The adapter hands the loop -v (pipeline_nucleusmoe_image.py negates before the step).
-    for (int64_t i = 0; i < n; ++i) out.f32()[i] = -a->velocity(0)[i];
-    run.finish(out);
-    return out;
+    return adapter_forward(*nucleus_adapter(m_, in, o), in, opts, profile, ws, -1.0f);
   }
   DenoiseInputs example_inputs(const ExampleShape& s) const override {
     FLOWKV_CHECK(s.references.empty(), "NucleusMoE-Image takes no conditioning images");
@@ -268,7 +255,7 @@ FamilyInfo info() {
   i.name = kName;
   i.aliases = {"nucleus-moe", "nucleusmoe-image"};
   i.title = "NucleusMoE-Image";
-  i.exact_cache = "text K/V";  // every block's prompt keys and values
+  i.exact_cache = "text";  // every block's prompt keys and values
   i.images = "reference";
   i.takes_images = false;
   i.builtins = nucleus::builtin_names();

@@ -295,9 +295,7 @@ class Qwen21Spec final : public pipeline::GenerateSpec {
   std::string decode_note() const override { return "RGBA"; }
 
   std::string parameters_after_sampler(const pipeline::Plan& p) const override {
-    char scale[32];
-    std::snprintf(scale, sizeof scale, "%g", static_cast<double>(p.request.cfg_scale));
-    return std::string(", CFG scale: ") + (p.cfg ? scale : "off");
+    return pipeline::cfg_parameters(p);
   }
   std::string parameters_after_model(const pipeline::Plan& p) const override {
     const auto qp = std::static_pointer_cast<const QwenPlan>(p.family);

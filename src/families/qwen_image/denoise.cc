@@ -18,11 +18,7 @@ namespace flowkv::families {
 
 namespace {
 
-struct Prompt {
-  const float* text = nullptr;  // [B, L, joint_attention_dim]
-  int64_t len = 0;
-  std::vector<uint8_t> valid;  // [B, L] or empty: all valid
-};
+using Prompt = PromptRows;
 
 struct Branch {
   int64_t batch = 0;  // B per prompt times the prompts in this forward
@@ -97,27 +93,7 @@ class QwenImageAdapter final : public pipeline::DenoiseAdapter {
 };
 
 Prompt QwenImageAdapter::prompt(const PromptEmbeds& p) const {
-  const auto& c = m_.config();
-  const int64_t B = batch();
-  FLOWKV_CHECK(p.embeds.defined() && p.embeds.ndim() == 3 && p.embeds.dtype() == DType::kF32 &&
-                   p.embeds.dim(0) == B && p.embeds.dim(2) == c.joint_attention_dim,
-               "prompt embeddings must be F32 [", B, ", L, ", c.joint_attention_dim, "], got ",
-               p.embeds.defined() ? shape_str(p.embeds.shape()) : std::string("none"));
-  const int64_t L = p.embeds.dim(1);
-  FLOWKV_CHECK(L > 0, "the prompt embeddings have no rows");
-  Prompt out{p.embeds.f32(), L, {}};
-  if (p.mask.defined()) {
-    FLOWKV_CHECK(p.mask.numel() == B * L, "prompt mask has ", p.mask.numel(), " values for ", B,
-                 " x ", L, " rows");
-    const Tensor f = p.mask.to_f32();
-    bool all = true;
-    for (int64_t i = 0; i < f.numel(); ++i) {
-      out.valid.push_back(f.f32()[i] != 0);
-      all = all && out.valid.back();
-    }
-    if (all) out.valid.clear();  // diffusers passes no mask when every row is valid
-  }
-  return out;
+  return prompt_rows(p, batch(), m_.config().joint_attention_dim);
 }
 
 void QwenImageAdapter::check_inputs() {
@@ -148,16 +124,9 @@ void QwenImageAdapter::fill(Branch& br, std::initializer_list<const Prompt*> pro
   const int64_t B = batch();
   br.prompts.assign(prompts.begin(), prompts.end());
   br.batch = B * static_cast<int64_t>(prompts.size());
-  bool any_mask = false;
-  for (const Prompt* p : prompts) any_mask |= !p->valid.empty();
-  for (const Prompt* p : prompts) {
-    br.text.insert(br.text.end(), p->text, p->text + B * p->len * c.joint_attention_dim);
-    if (!any_mask) continue;
-    if (!p->valid.empty())
-      br.valid.insert(br.valid.end(), p->valid.begin(), p->valid.end());
-    else
-      br.valid.insert(br.valid.end(), static_cast<size_t>(B * p->len), 1);
-  }
+  StackedPrompts stacked = stack_prompts(br.prompts, B, c.joint_attention_dim);
+  br.text = std::move(stacked.text);
+  br.valid = std::move(stacked.valid);
   // The image stream of every batch row: the step's target, then the references.
   const int64_t all = image_tokens(), C = c.in_channels;
   br.img.assign(static_cast<size_t>(br.batch * all * C), 0.0f);

@@ -102,20 +102,7 @@ class QwenImageModel final : public FamilyModel {
                  Workspace* ws) const override {
     DenoiseOptions o;
     o.steps = 1;
-    auto a = qwen_image_adapter(m_, in, o);
-    a->validate();
-    a->prepare(true);
-    ForwardRun run(ws, opts.check_finite, profile);
-    run.input("noise", in.noise);
-    run.input("prompt", in.prompt.embeds);
-    const pipeline::StepCall call{
-        .step = 0, .steps = 1, .timestep = opts.sigma, .latents = in.noise.f32()};
-    a->forward(run.context(), 0, call);
-    const int64_t B = a->batch(), n = B * a->tokens() * a->channels();
-    Tensor out = Tensor::empty({B, a->tokens(), a->channels()});
-    std::copy(a->velocity(0), a->velocity(0) + n, out.f32());
-    run.finish(out);
-    return out;
+    return adapter_forward(*qwen_image_adapter(m_, in, o), in, opts, profile, ws);
   }
   DenoiseInputs example_inputs(const ExampleShape& s) const override {
     DenoiseInputs in;

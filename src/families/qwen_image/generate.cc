@@ -253,9 +253,7 @@ class QwenImageSpec final : public pipeline::GenerateSpec {
   }
 
   std::string parameters_after_sampler(const pipeline::Plan& p) const override {
-    char scale[32];
-    std::snprintf(scale, sizeof scale, "%g", static_cast<double>(p.request.cfg_scale));
-    return std::string(", CFG scale: ") + (p.cfg ? scale : "off");
+    return pipeline::cfg_parameters(p);
   }
   std::string parameters_after_model(const pipeline::Plan& p) const override {
     return c_.edit ? ", Pictures: " + std::to_string(p.images.size()) : "";
