@@ -111,7 +111,9 @@ void add_bench_moe(CLI::App& app) {
   struct Opts {
     std::string tokens = "1024,4096";  // 512^2 and 1024^2 images
     std::string capacity = "2,4";      // the released layers' capacity factors
-    std::string weights = "bf16,q8_0,q4_k";
+    // Q4_K and the other 256-blocks do not fit the 1344-wide expert rows (quantize falls back
+    // to Q8_0 for them too).
+    std::string weights = "bf16,q8_0";
     int runs = 3;
   };
   auto* o = new Opts;
