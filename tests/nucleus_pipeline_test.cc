@@ -153,6 +153,27 @@ TEST(NucleusPipeline, StoreHitIsBitIdenticalToMiss) {
   EXPECT_GE(store->stats().kinds.at("kv").hits, 1);
 }
 
+// The disk tier keeps the prompts with their padding masks and the text K/V: a second store
+// reading it gives the same bytes.
+TEST(NucleusPipeline, DiskTierServesAnotherStore) {
+  test::TempDir tmp;
+  const std::string dir = (tmp.path() / "store").string();
+  std::filesystem::create_directories(dir);
+  const GenerateRequest r = request("cfg_textkv");
+  const GenerateResult plain = generate(pipe(), r);
+  {
+    GenerateControl first;
+    first.store = std::make_shared<ReferenceStore>(StoreOptions{.disk_dir = dir});
+    (void)generate(pipe(), r, {}, first);
+  }
+  GenerateControl second;
+  second.store = std::make_shared<ReferenceStore>(StoreOptions{.disk_dir = dir});
+  const GenerateResult hit = generate(pipe(), r, {}, second);
+  EXPECT_EQ(hit.store_misses, 0);
+  EXPECT_GE(second.store->stats().disk_hits, 3);  // two prompts, and the text K/V
+  EXPECT_EQ(hit.pixels, plain.pixels);
+}
+
 // The layout the predictor sees: the processor's token counts, padded to a multiple of 8.
 TEST(NucleusPipeline, LayoutCountsThePaddedPrompt) {
   const auto st = stages("cfg");
