@@ -55,6 +55,33 @@ struct StackedPrompts {
 StackedPrompts stack_prompts(const std::vector<const PromptRows*>& prompts, int64_t batch,
                              int64_t width);
 
+// A true-CFG request's branches: one forward of [positive, negative] stacked along the batch
+// when `batched`, else the positive branch and, under CFG, the negative one.
+// fill(branch, {prompts...}) builds a branch. Returns the branch count.
+template <class Branch, class Prompt, class Fill>
+int plan_cfg_branches(std::vector<Branch>& branches, bool batched, bool cfg, const Prompt* positive,
+                      const Prompt* negative, Fill fill) {
+  branches.resize(1);
+  if (batched) {
+    fill(branches[0], {positive, negative});
+  } else {
+    fill(branches[0], {positive});
+    if (cfg) {
+      branches.emplace_back();
+      fill(branches[1], {negative});
+    }
+  }
+  return static_cast<int>(branches.size());
+}
+
+// The payload of the branches' exact memories (those that have one).
+template <class Branch>
+int64_t memories_bytes(const std::vector<Branch>& branches) {
+  int64_t n = 0;
+  for (const Branch& b : branches) n += b.memory ? b.memory->bytes() : 0;
+  return n;
+}
+
 std::unique_ptr<pipeline::DenoiseAdapter> flux2_adapter(
     const flux2::Model& m, const DenoiseInputs& in, const DenoiseOptions& opts,
     Flux2References refs = Flux2References::kKleinKV);

@@ -176,23 +176,13 @@ void NucleusAdapter::fill(Branch& br, std::initializer_list<const Prompt*> promp
 
 int NucleusAdapter::prepare(bool separate) {
   batched_ = cfg() && opts_.batch_cfg && !separate && prompt_.len == negative_.len;
-  branches_.resize(1);
-  if (batched_) {
-    fill(branches_[0], {&prompt_, &negative_});
-  } else {
-    fill(branches_[0], {&prompt_});
-    if (cfg()) {
-      branches_.emplace_back();
-      fill(branches_[1], {&negative_});
-    }
-  }
-  return static_cast<int>(branches_.size());
+  return plan_cfg_branches(
+      branches_, batched_, cfg(), &prompt_, &negative_,
+      [this](Branch& br, std::initializer_list<const Prompt*> prompts) { fill(br, prompts); });
 }
 
 int64_t NucleusAdapter::kv_bytes() const {
-  int64_t n = 0;
-  for (const Branch& b : branches_) n += b.memory ? b.memory->bytes() : 0;
-  return n;
+  return memories_bytes(branches_);
 }
 
 // The branch's text K/V: each prompt's rows and validity, and the target's grid (the text's

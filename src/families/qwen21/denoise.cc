@@ -238,23 +238,13 @@ int Qwen21Adapter::prepare(bool separate) {
     }
   }
   batched_ = cfg() && opts_.batch_cfg && !separate && same_layout(prompt_, negative_);
-  branches_.resize(1);
-  if (batched_) {
-    fill(branches_[0], {&prompt_, &negative_});
-  } else {
-    fill(branches_[0], {&prompt_});
-    if (cfg()) {
-      branches_.emplace_back();
-      fill(branches_[1], {&negative_});
-    }
-  }
-  return static_cast<int>(branches_.size());
+  return plan_cfg_branches(
+      branches_, batched_, cfg(), &prompt_, &negative_,
+      [this](Branch& br, std::initializer_list<const Prompt*> prompts) { fill(br, prompts); });
 }
 
 int64_t Qwen21Adapter::kv_bytes() const {
-  int64_t n = 0;
-  for (const Branch& b : branches_) n += b.memory ? b.memory->bytes() : 0;
-  return n;
+  return memories_bytes(branches_);
 }
 
 // The branch's prefix [text, conditions]: each prompt's rows, validity and image slots, the

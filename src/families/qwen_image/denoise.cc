@@ -156,17 +156,9 @@ void QwenImageAdapter::fill(Branch& br, std::initializer_list<const Prompt*> pro
 
 int QwenImageAdapter::prepare(bool separate) {
   batched_ = cfg() && opts_.batch_cfg && !separate && prompt_.len == negative_.len;
-  branches_.resize(1);
-  if (batched_) {
-    fill(branches_[0], {&prompt_, &negative_});
-  } else {
-    fill(branches_[0], {&prompt_});
-    if (cfg()) {
-      branches_.emplace_back();
-      fill(branches_[1], {&negative_});
-    }
-  }
-  return static_cast<int>(branches_.size());
+  return plan_cfg_branches(
+      branches_, batched_, cfg(), &prompt_, &negative_,
+      [this](Branch& br, std::initializer_list<const Prompt*> prompts) { fill(br, prompts); });
 }
 
 void QwenImageAdapter::forward(const ExecContext& ctx, int branch, const pipeline::StepCall& call) {
